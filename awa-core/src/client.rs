@@ -1,0 +1,299 @@
+//! `Client`: registration, start and shutdown of the worker runtime, plus the admin calls that
+//! need registered specs (external completion).
+
+use crate::error::{AwaError, Result};
+use crate::executor::config::{QueueConfig, RuntimeConfig};
+use crate::executor::context::{JobContext, StateMap};
+use crate::executor::result::HandlerResult;
+use crate::executor::runtime::{self, Running};
+use crate::executor::{ClosureHandler, ErasedHandler, Worker, WorkerHandler};
+use crate::model::{EnqueueRequest, JobArgs, JobRow};
+use crate::specs::{SpecEvent, Specs};
+use crate::storage::{admin, callbacks};
+use sqlx::PgPool;
+use std::any::TypeId;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+/// The ADR-029 builder pairs: `on_<event>_enqueue(|args| request)` and
+/// `on_<event>_enqueue_with(|args, job| Option<request>)` (`None` skips).
+macro_rules! spec_builders {
+    ($( #[doc = $when:literal] $plain:ident, $with:ident => $event:expr; )*) => {$(
+        #[doc = concat!("On `A`", $when, ", enqueue the request built from its args (same transaction).")]
+        pub fn $plain<A: JobArgs, B: JobArgs, F>(self, f: F) -> Self
+        where
+            F: Fn(&A) -> EnqueueRequest<B> + Send + Sync + 'static,
+        {
+            self.$with::<A, B, _>(move |a, _| Some(f(a)))
+        }
+
+        #[doc = concat!("On `A`", $when, ", enqueue what the closure returns; `None` skips.")]
+        pub fn $with<A: JobArgs, B: JobArgs, F>(mut self, f: F) -> Self
+        where
+            F: Fn(&A, &JobRow) -> Option<EnqueueRequest<B>> + Send + Sync + 'static,
+        {
+            self.specs.add::<A, B, F>($event, f);
+            self
+        }
+    )*};
+}
+
+/// Builds a [`Client`].
+pub struct ClientBuilder {
+    pool: PgPool,
+    url: Option<String>,
+    config: RuntimeConfig,
+    queues: HashMap<String, QueueConfig>,
+    handlers: HashMap<String, Arc<dyn ErasedHandler>>,
+    specs: Specs,
+    state: StateMap,
+}
+
+impl ClientBuilder {
+    /// Work `name` with this configuration.
+    pub fn queue(mut self, name: impl Into<String>, config: QueueConfig) -> Self {
+        self.queues.insert(name.into(), config);
+        self
+    }
+
+    /// Replace the runtime configuration (intervals, retention, batch sizes).
+    pub fn config(mut self, config: RuntimeConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The database URL for the maintenance leader's dedicated connection (defaults to the
+    /// pool's connect options).
+    pub fn database_url(mut self, url: impl Into<String>) -> Self {
+        self.url = Some(url.into());
+        self
+    }
+
+    /// Register a closure handler for `A`'s kind. The closure gets the args and the context
+    /// and returns a `'static` future (take `ctx.follow_ups()` to stage from inside it).
+    pub fn register<A, F, Fut>(mut self, f: F) -> Self
+    where
+        A: JobArgs,
+        F: Fn(A, &JobContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = HandlerResult> + Send + 'static,
+    {
+        self.handlers
+            .insert(A::kind(), Arc::new(ClosureHandler::<A, F>::new(f)));
+        self
+    }
+
+    /// Register a [`Worker`].
+    pub fn register_worker<W: Worker>(mut self, worker: W) -> Self {
+        let kind = worker.kind();
+        self.handlers
+            .insert(kind, Arc::new(WorkerHandler(Arc::new(worker))));
+        self
+    }
+
+    /// Register a type-erased handler for `kind` (how the Python bindings plug in).
+    pub fn register_erased(
+        mut self,
+        kind: impl Into<String>,
+        handler: Arc<dyn ErasedHandler>,
+    ) -> Self {
+        self.handlers.insert(kind.into(), handler);
+        self
+    }
+
+    /// Application state handlers read with `ctx.extract::<T>()`.
+    pub fn state<T: Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.state = self.state.with(Arc::new(value), TypeId::of::<T>());
+        self
+    }
+
+    spec_builders! {
+        /// completing
+        on_completed_enqueue, on_completed_enqueue_with => SpecEvent::Completed;
+        /// failing for good (terminal error, exhausted attempts or a poisoned attempt)
+        on_exhausted_enqueue, on_exhausted_enqueue_with => SpecEvent::Exhausted;
+        /// going to be retried (retryable error, panic or RetryAfter)
+        on_retried_enqueue, on_retried_enqueue_with => SpecEvent::Retried;
+        /// being cancelled by its handler
+        on_cancelled_enqueue, on_cancelled_enqueue_with => SpecEvent::Cancelled;
+    }
+
+    pub fn build(self) -> Result<Client> {
+        Ok(Client {
+            inner: Arc::new(Inner {
+                pool: self.pool,
+                url: self.url,
+                config: self.config,
+                queues: self.queues,
+                handlers: self.handlers,
+                specs: self.specs,
+                state: self.state,
+                running: Mutex::new(None),
+            }),
+        })
+    }
+}
+
+struct Inner {
+    pool: PgPool,
+    url: Option<String>,
+    config: RuntimeConfig,
+    queues: HashMap<String, QueueConfig>,
+    handlers: HashMap<String, Arc<dyn ErasedHandler>>,
+    specs: Specs,
+    state: StateMap,
+    running: Mutex<Option<Running>>,
+}
+
+/// A worker client. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+impl Client {
+    pub fn builder(pool: PgPool) -> ClientBuilder {
+        ClientBuilder {
+            pool,
+            url: None,
+            config: RuntimeConfig::default(),
+            queues: HashMap::new(),
+            handlers: HashMap::new(),
+            specs: Specs::default(),
+            state: StateMap::default(),
+        }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The follow-up specs registered on this client's builder.
+    ///
+    /// `testing::work_one` and `finalizer::finalize_with_retry` take a `&Specs`, but `Specs`
+    /// can only be filled through the builder's `on_*_enqueue*` methods, so without this
+    /// accessor code outside the crate could only ever pass `Specs::default()` and the
+    /// harness could not run registered specs.
+    pub fn specs(&self) -> &Specs {
+        &self.inner.specs
+    }
+
+    /// Start claiming and running jobs on every configured queue.
+    pub async fn start(&self) -> Result<()> {
+        let mut running = self.inner.running.lock().await;
+        if running.is_some() {
+            return Err(AwaError::State("the client is already started".into()));
+        }
+        if self.inner.queues.is_empty() {
+            return Err(AwaError::Config("no queues configured".into()));
+        }
+        for (name, qc) in &self.inner.queues {
+            if qc.dlq {
+                admin::set_queue_dlq(&self.inner.pool, name, true).await?;
+            }
+        }
+        *running = Some(runtime::start(
+            self.inner.pool.clone(),
+            self.inner.config.clone(),
+            self.inner.queues.clone(),
+            self.inner.handlers.clone(),
+            self.inner.specs.clone(),
+            self.inner.state.clone(),
+            self.inner.url.clone(),
+        ));
+        tracing::info!(queues = self.inner.queues.len(), "worker started");
+        Ok(())
+    }
+
+    /// Stop claiming, let running handlers finish and finalize within `timeout`, then abandon
+    /// the rest (rescue re-runs them). Idempotent.
+    pub async fn shutdown(&self, timeout: Duration) {
+        let running = self.inner.running.lock().await.take();
+        if let Some(r) = running {
+            runtime::shutdown(r, timeout).await;
+        }
+    }
+
+    /// Whether the runtime is running.
+    pub async fn is_running(&self) -> bool {
+        self.inner.running.lock().await.is_some()
+    }
+
+    /// Whether this client currently holds the maintenance leadership.
+    pub async fn is_leader(&self) -> bool {
+        match self.inner.running.lock().await.as_ref() {
+            Some(r) => r.shared.is_leader.load(Ordering::SeqCst),
+            None => false,
+        }
+    }
+
+    /// Attempts this client holds: claimed (including jobs claimed ahead that wait for a
+    /// slot), running or finalizing.
+    pub async fn in_flight(&self) -> usize {
+        match self.inner.running.lock().await.as_ref() {
+            Some(r) => r.shared.inflight.len(),
+            None => 0,
+        }
+    }
+
+    /// The database answers and the runtime's state.
+    pub async fn health_check(&self) -> Result<Health> {
+        sqlx::query("SELECT 1").execute(&self.inner.pool).await?;
+        let version = crate::storage::migrations::current_version(&self.inner.pool).await?;
+        Ok(Health {
+            database: true,
+            schema_version: version,
+            running: self.is_running().await,
+            leader: self.is_leader().await,
+            in_flight: self.in_flight().await,
+        })
+    }
+
+    /// Complete the job waiting on `callback_id` (registered Completed specs fire).
+    pub async fn complete_external(
+        &self,
+        callback_id: &str,
+        payload: Option<serde_json::Value>,
+    ) -> Result<JobRow> {
+        callbacks::complete_external(&self.inner.pool, &self.inner.specs, callback_id, payload)
+            .await
+    }
+
+    pub async fn fail_external(&self, callback_id: &str, error: &str) -> Result<JobRow> {
+        callbacks::fail_external(&self.inner.pool, &self.inner.specs, callback_id, error).await
+    }
+
+    pub async fn retry_external(&self, callback_id: &str) -> Result<JobRow> {
+        callbacks::retry_external(&self.inner.pool, callback_id).await
+    }
+
+    pub async fn resume_external(
+        &self,
+        callback_id: &str,
+        payload: Option<serde_json::Value>,
+    ) -> Result<JobRow> {
+        callbacks::resume_external(&self.inner.pool, callback_id, payload).await
+    }
+
+    pub async fn heartbeat_callback(&self, callback_id: &str, timeout: Duration) -> Result<JobRow> {
+        callbacks::heartbeat_callback(&self.inner.pool, callback_id, timeout).await
+    }
+
+    /// Cancel a job (signals it when running).
+    pub async fn cancel(&self, job_id: i64) -> Result<JobRow> {
+        admin::cancel(&self.inner.pool, job_id).await
+    }
+}
+
+/// What `health_check` reports.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Health {
+    pub database: bool,
+    pub schema_version: i32,
+    pub running: bool,
+    pub leader: bool,
+    pub in_flight: usize,
+}

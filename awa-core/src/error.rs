@@ -1,0 +1,93 @@
+//! The engine's error type. Every fallible public function returns [`AwaError`]; the Python
+//! bindings map each variant to one exception class.
+
+use crate::follow_ups::StageError;
+use crate::model::ValidationError;
+
+/// Anything the engine can report to a caller.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AwaError {
+    /// An insert request broke a rule (priority, lengths, tags, NUL bytes, run_at, ...).
+    #[error("invalid job: {0}")]
+    Validation(#[from] ValidationError),
+    /// Args, metadata or a payload could not be converted to or from JSON.
+    #[error("serialization failed: {0}")]
+    Serialization(String),
+    /// A unique job with the same key already exists in one of its unique states.
+    #[error("a job of kind {kind:?} with the same unique key already exists")]
+    UniqueConflict { kind: String },
+    /// The `awa` schema is missing or older than this library; run `migrate()`.
+    #[error("the awa schema is not migrated; call migrate() first")]
+    SchemaNotMigrated,
+    /// No handler is registered for the job's kind.
+    #[error("no handler registered for job kind {0:?}")]
+    UnknownJobKind(String),
+    /// No job has this id.
+    #[error("job {0} not found")]
+    JobNotFound(i64),
+    /// No waiting job has this callback id (unknown, already resolved, or timed out).
+    #[error("callback {0} not found or already resolved")]
+    CallbackNotFound(String),
+    /// A follow-up could not be staged.
+    #[error(transparent)]
+    Staging(#[from] StageError),
+    /// A configuration value was out of range.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The client was used after shutdown, or before start where start is required.
+    #[error("{0}")]
+    State(String),
+    /// Any other database error.
+    #[error("database error: {0}")]
+    Database(sqlx::Error),
+}
+
+impl From<serde_json::Error> for AwaError {
+    fn from(e: serde_json::Error) -> Self {
+        AwaError::Serialization(e.to_string())
+    }
+}
+
+impl From<sqlx::Error> for AwaError {
+    fn from(e: sqlx::Error) -> Self {
+        if let Some(db) = e.as_database_error() {
+            match db.code().as_deref() {
+                // undefined_table / invalid_schema_name / undefined_function
+                Some("42P01") | Some("3F000") | Some("42883") => {
+                    return AwaError::SchemaNotMigrated
+                }
+                _ => {}
+            }
+        }
+        AwaError::Database(e)
+    }
+}
+
+/// Whether a database error is the deduplication index rejecting a row.
+pub(crate) fn is_unique_conflict(e: &sqlx::Error) -> bool {
+    e.as_database_error().is_some_and(|db| {
+        db.code().as_deref() == Some("23505") && db.constraint() == Some("idx_awa_jobs_unique")
+    })
+}
+
+/// Whether a failed finalization may be retried in a new transaction: a deadlock, a
+/// serialization failure, or a connection that broke (the commit may or may not have landed).
+pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => {
+            matches!(
+                db.code().as_deref(),
+                Some("40P01") | Some("40001") | Some("57P01")
+            )
+        }
+        _ => false,
+    }
+}
+
+pub type Result<T, E = AwaError> = std::result::Result<T, E>;

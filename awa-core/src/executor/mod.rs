@@ -1,0 +1,107 @@
+//! The executor: dispatchers claim jobs, runners execute handlers with a [`JobContext`], and
+//! outcomes go to the finalizer.
+//!
+//! # Layout
+//! - [`config`]: queue and runtime settings.
+//! - [`context`]: what a handler sees (job, cancellation, progress, callbacks, staging).
+//! - [`result`]: `JobResult`, `JobError`, and the executor's `Outcome`.
+//! - `dispatcher`: one claim loop per queue; `claim_ahead`: when it claims, and how many
+//!   beyond its free slots while the queue has a backlog.
+//! - [`runner`]: runs one attempt, seals its staged follow-ups, maps the outcome to a
+//!   transition and submits it to the finalizer (batched or per-job).
+//! - `listener`: LISTEN for wake-ups, cancel requests and callback resolutions.
+//! - `heartbeat`, `inflight`, `callbacks`: bookkeeping for running attempts.
+//! - `runtime`: shared state, start and graceful shutdown.
+
+pub mod callbacks;
+pub(crate) mod claim_ahead;
+pub mod config;
+pub mod context;
+pub(crate) mod dispatcher;
+pub(crate) mod heartbeat;
+pub(crate) mod inflight;
+pub(crate) mod listener;
+pub mod result;
+pub mod runner;
+pub(crate) mod runtime;
+
+use crate::model::JobArgs;
+use context::JobContext;
+use futures_util::future::BoxFuture;
+use result::{HandlerResult, JobError, Outcome};
+use std::future::Future;
+use std::sync::Arc;
+
+/// A handler written as a type (the alternative to a `register` closure). It can borrow the
+/// context for the whole attempt, so it may call `ctx.enqueue_on_completion` directly.
+pub trait Worker: Send + Sync + 'static {
+    /// The kind this worker handles.
+    fn kind(&self) -> String;
+    /// Run one attempt.
+    fn perform<'a>(&'a self, ctx: &'a JobContext) -> BoxFuture<'a, HandlerResult>;
+}
+
+/// A handler with its types erased: what the runtime stores per kind.
+pub trait ErasedHandler: Send + Sync + 'static {
+    fn run(&self, ctx: Arc<JobContext>) -> BoxFuture<'static, Outcome>;
+}
+
+pub(crate) fn outcome_of(result: HandlerResult) -> Outcome {
+    match result {
+        Ok(r) => Outcome::Returned(r),
+        Err(error) => Outcome::Failed {
+            error,
+            traceback: None,
+        },
+    }
+}
+
+/// A `register::<A, _, _>(|args, ctx| ...)` closure.
+pub(crate) struct ClosureHandler<A, F> {
+    f: F,
+    _args: std::marker::PhantomData<fn() -> A>,
+}
+
+impl<A, F> ClosureHandler<A, F> {
+    pub(crate) fn new(f: F) -> Self {
+        ClosureHandler {
+            f,
+            _args: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<A, F, Fut> ErasedHandler for ClosureHandler<A, F>
+where
+    A: JobArgs,
+    F: Fn(A, &JobContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = HandlerResult> + Send + 'static,
+{
+    fn run(&self, ctx: Arc<JobContext>) -> BoxFuture<'static, Outcome> {
+        match serde_json::from_value::<A>(ctx.job.args.clone()) {
+            Ok(args) => {
+                let fut = (self.f)(args, &ctx);
+                Box::pin(async move { outcome_of(fut.await) })
+            }
+            Err(e) => {
+                let error = JobError::Terminal(format!("args do not decode as {}: {e}", A::kind()));
+                Box::pin(async move {
+                    Outcome::Failed {
+                        error,
+                        traceback: None,
+                    }
+                })
+            }
+        }
+    }
+}
+
+/// A [`Worker`] behind the erased interface.
+pub(crate) struct WorkerHandler<W>(pub(crate) Arc<W>);
+
+impl<W: Worker> ErasedHandler for WorkerHandler<W> {
+    fn run(&self, ctx: Arc<JobContext>) -> BoxFuture<'static, Outcome> {
+        let w = self.0.clone();
+        Box::pin(async move { outcome_of(w.perform(&ctx).await) })
+    }
+}

@@ -1,0 +1,158 @@
+//! The running client: what its tasks share, starting them, and graceful shutdown.
+
+use crate::executor::config::{QueueConfig, RuntimeConfig};
+use crate::executor::context::{CancelSignal, StateMap};
+use crate::executor::inflight::InflightSet;
+use crate::executor::{
+    callbacks::CallbackWaiters, dispatcher, heartbeat, listener, runner, ErasedHandler,
+};
+use crate::finalizer::waker::Waker;
+use crate::specs::Specs;
+use sqlx::PgPool;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::task::JoinHandle;
+
+/// Everything the running tasks share.
+pub(crate) struct Shared {
+    pub pool: PgPool,
+    pub config: RuntimeConfig,
+    pub queues: HashMap<String, QueueConfig>,
+    pub handlers: HashMap<String, Arc<dyn ErasedHandler>>,
+    pub specs: Specs,
+    pub state: StateMap,
+    pub inflight: InflightSet,
+    pub callbacks: CallbackWaiters,
+    /// Stop claiming.
+    pub stop_claiming: CancelSignal,
+    /// Abandon running handlers (shutdown timeout).
+    pub abandon: CancelSignal,
+    /// Stop background loops (heartbeat, listener, maintenance).
+    pub stop_background: CancelSignal,
+    pub wake: HashMap<String, Arc<Notify>>,
+    pub batch_tx: mpsc::Sender<(i64, i64)>,
+    pub per_job: Arc<Semaphore>,
+    /// Post-commit wake-ups of per-job finalizations, coalesced.
+    pub waker: Arc<Waker>,
+    pub is_leader: Arc<AtomicBool>,
+}
+
+/// Handles of the background tasks, joined on shutdown.
+pub(crate) struct Running {
+    pub shared: Arc<Shared>,
+    pub dispatchers: Vec<JoinHandle<()>>,
+    pub batcher: JoinHandle<()>,
+    pub background: Vec<JoinHandle<()>>,
+}
+
+pub(crate) fn start(
+    pool: PgPool,
+    config: RuntimeConfig,
+    queues: HashMap<String, QueueConfig>,
+    handlers: HashMap<String, Arc<dyn ErasedHandler>>,
+    specs: Specs,
+    state: StateMap,
+    url: Option<String>,
+) -> Running {
+    let (batch_tx, batch_rx) = mpsc::channel(config.completion_batch.max(1) * 4);
+    let wake = queues
+        .keys()
+        .map(|q| (q.clone(), Arc::new(Notify::new())))
+        .collect();
+    let shared = Arc::new(Shared {
+        per_job: Arc::new(Semaphore::new(config.finalizer_concurrency.max(1))),
+        pool,
+        config,
+        queues,
+        handlers,
+        specs,
+        state,
+        inflight: InflightSet::default(),
+        callbacks: CallbackWaiters::default(),
+        stop_claiming: CancelSignal::default(),
+        abandon: CancelSignal::default(),
+        stop_background: CancelSignal::default(),
+        wake,
+        batch_tx,
+        waker: Arc::new(Waker::default()),
+        is_leader: Arc::new(AtomicBool::new(false)),
+    });
+    let batcher = tokio::spawn(runner::run_batcher(shared.clone(), batch_rx));
+    let dispatchers = shared
+        .queues
+        .keys()
+        .map(|q| tokio::spawn(dispatcher::dispatch(shared.clone(), q.clone())))
+        .collect();
+    let mut background = vec![
+        tokio::spawn(heartbeat::run_heartbeat(shared.clone())),
+        tokio::spawn(listener::run_listener(shared.clone())),
+        tokio::spawn(
+            shared
+                .waker
+                .clone()
+                .run(shared.pool.clone(), shared.stop_background.clone()),
+        ),
+    ];
+    if shared.config.maintenance {
+        background.push(tokio::spawn(crate::maintenance::run(
+            shared.pool.clone(),
+            url,
+            shared.config.clone(),
+            shared.specs.clone(),
+            shared.stop_background.clone(),
+            shared.is_leader.clone(),
+        )));
+    }
+    Running {
+        shared,
+        dispatchers,
+        batcher,
+        background,
+    }
+}
+
+/// Graceful shutdown: stop claiming, let running handlers finish and finalize within
+/// `timeout`, then abandon the rest (their jobs are rescued later). Jobs a dispatcher claimed
+/// ahead and never started are given back to the queue (attempt restored) as it stops, before
+/// the wait for running handlers, rather than started: other workers can take them at once.
+pub(crate) async fn shutdown(running: Running, timeout: Duration) {
+    let shared = running.shared.clone();
+    let deadline = tokio::time::Instant::now() + timeout;
+    shared.stop_claiming.cancel();
+    for d in running.dispatchers {
+        let _ = d.await;
+    }
+    let all_done = tokio::time::timeout_at(
+        deadline,
+        shared.inflight.wait_until(|s| s.running_handlers() == 0),
+    )
+    .await;
+    if all_done.is_err() {
+        tracing::warn!(
+            running = shared.inflight.running_handlers(),
+            "shutdown timeout: abandoning running handlers"
+        );
+        shared.abandon.cancel();
+        shared.inflight.cancel_all();
+        let _ = tokio::time::timeout(
+            Duration::from_secs(5),
+            shared.inflight.wait_until(|s| s.running_handlers() == 0),
+        )
+        .await;
+    }
+    // Let queued finalizations land while time remains.
+    let _ = tokio::time::timeout_at(
+        deadline.max(tokio::time::Instant::now() + Duration::from_millis(100)),
+        shared.inflight.wait_until(|s| s.len() == 0),
+    )
+    .await;
+    shared.stop_background.cancel();
+    running.batcher.abort();
+    for b in running.background {
+        let _ = b.await;
+    }
+    tracing::info!(left_running = shared.inflight.len(), "worker shut down");
+}

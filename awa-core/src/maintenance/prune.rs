@@ -1,0 +1,23 @@
+//! Retention: delete finished rows after their retention period. Pruning a completed row also
+//! releases its unique key (ADR-046: the deduplication window is tied to terminal retention).
+
+use crate::error::Result;
+use sqlx::PgPool;
+use std::time::Duration;
+
+/// Delete completed rows older than `completed`, and failed or cancelled rows older than
+/// `failed`; at most 10,000 per call. Returns how many were deleted.
+pub async fn prune_terminal(pool: &PgPool, completed: Duration, failed: Duration) -> Result<u64> {
+    let done = sqlx::query(
+        "DELETE FROM awa.jobs WHERE id IN (
+             SELECT id FROM awa.jobs
+             WHERE (state = 'completed' AND finalized_at < now() - make_interval(secs => $1))
+                OR (state IN ('failed', 'cancelled') AND finalized_at < now() - make_interval(secs => $2))
+             LIMIT 10000)",
+    )
+    .bind(completed.as_secs_f64())
+    .bind(failed.as_secs_f64())
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
+}

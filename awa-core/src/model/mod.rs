@@ -1,0 +1,15 @@
+//! The data model: job rows and states, insert options, kind derivation and validation.
+
+pub(crate) mod job;
+mod kind;
+mod opts;
+mod request;
+mod state;
+pub(crate) mod validate;
+
+pub use job::{JobError as JobErrorEntry, JobRow};
+pub use kind::derive_kind;
+pub use opts::{EnqueueRequest, InsertOpts, JobArgs, UniqueOpts};
+pub use request::{UntypedOpts, UntypedRequest, UntypedUnique};
+pub use state::{states_mask, JobState, UnknownState, DEFAULT_UNIQUE_STATES};
+pub use validate::{validate, NewJob, ValidationError};

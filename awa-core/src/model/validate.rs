@@ -1,0 +1,352 @@
+//! The one validator every insert path shares: direct inserts, registered specs and staging.
+//!
+//! It checks every rule the database also enforces (CHECK constraints in the migration), so a
+//! request that would be rejected fails here with a typed error naming the field, the value's
+//! size and the limit — before any transaction opens, and in particular before a completion
+//! transaction takes its locks.
+
+use super::opts::{InsertOpts, UniqueOpts};
+use chrono::{DateTime, Datelike, Utc};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+pub const MAX_NAME_CHARS: usize = 200;
+pub const MAX_TAGS: usize = 20;
+pub const MIN_PRIORITY: i16 = 1;
+pub const MAX_PRIORITY: i16 = 4;
+pub const MAX_ATTEMPTS_LIMIT: i32 = 1000;
+
+/// A rule an insert request broke.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValidationError {
+    #[error("{field} is {len} characters; the limit is {limit}")]
+    TooLong {
+        field: &'static str,
+        len: usize,
+        limit: usize,
+    },
+    #[error("{field} must not be empty")]
+    Empty { field: &'static str },
+    #[error("priority is {value}; it must be between 1 and 4")]
+    Priority { value: i64 },
+    #[error("max_attempts is {value}; it must be between 1 and 1000")]
+    MaxAttempts { value: i64 },
+    #[error("tags has {count} entries; the limit is {limit}")]
+    TooManyTags { count: usize, limit: usize },
+    #[error("{field} contains a NUL byte, which PostgreSQL cannot store")]
+    NulByte { field: String },
+    #[error("run_at year {year} is outside the supported years 1-9999")]
+    RunAt { year: i32 },
+    #[error("metadata must be a JSON object, got {got}")]
+    MetadataNotObject { got: &'static str },
+    #[error("unique by_period is {value}; it must be a positive number of seconds")]
+    ByPeriod { value: i64 },
+    #[error("unique states is {value}; it must be a bitmask between 1 and 255")]
+    UniqueStates { value: i64 },
+    #[error("invalid option {field}: {message}")]
+    Option { field: String, message: String },
+}
+
+/// A request that passed validation: exactly what one `awa.jobs` row insert needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewJob {
+    pub kind: String,
+    pub queue: String,
+    pub args: Value,
+    pub priority: i16,
+    pub max_attempts: i32,
+    pub run_at: Option<DateTime<Utc>>,
+    pub tags: Vec<String>,
+    pub metadata: Value,
+    pub unique_key: Option<Vec<u8>>,
+    pub unique_states: Option<u8>,
+    pub ordering_key: Option<String>,
+}
+
+impl NewJob {
+    /// Bytes this request occupies when serialized: kind, queue, args, metadata, tags and
+    /// ordering key. Staging limits are measured with this.
+    pub fn serialized_size(&self) -> usize {
+        self.kind.len()
+            + self.queue.len()
+            + json_len(&self.args)
+            + json_len(&self.metadata)
+            + self.tags.iter().map(String::len).sum::<usize>()
+            + self.ordering_key.as_ref().map_or(0, String::len)
+    }
+}
+
+fn json_len(v: &Value) -> usize {
+    serde_json::to_vec(v).map(|b| b.len()).unwrap_or(0)
+}
+
+fn check_name(field: &'static str, value: &str) -> Result<(), ValidationError> {
+    if value.is_empty() {
+        return Err(ValidationError::Empty { field });
+    }
+    check_text(field, value)
+}
+
+fn check_text(field: &'static str, value: &str) -> Result<(), ValidationError> {
+    let len = value.chars().count();
+    if len > MAX_NAME_CHARS {
+        return Err(ValidationError::TooLong {
+            field,
+            len,
+            limit: MAX_NAME_CHARS,
+        });
+    }
+    if value.contains('\0') {
+        return Err(ValidationError::NulByte {
+            field: field.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Reject a NUL byte in any key or string value of a JSON document.
+fn check_json_nul(field: &str, v: &Value) -> Result<(), ValidationError> {
+    match v {
+        Value::String(s) if s.contains('\0') => Err(ValidationError::NulByte {
+            field: field.to_string(),
+        }),
+        Value::Array(items) => items.iter().try_for_each(|i| check_json_nul(field, i)),
+        Value::Object(map) => map.iter().try_for_each(|(k, val)| {
+            if k.contains('\0') {
+                return Err(ValidationError::NulByte {
+                    field: format!("{field} key"),
+                });
+            }
+            check_json_nul(field, val)
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn json_type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Validate an untyped request and compute its unique key.
+pub fn validate(kind: &str, args: Value, opts: &InsertOpts) -> Result<NewJob, ValidationError> {
+    check_name("kind", kind)?;
+    check_name("queue", &opts.queue)?;
+    if !(MIN_PRIORITY..=MAX_PRIORITY).contains(&opts.priority) {
+        return Err(ValidationError::Priority {
+            value: opts.priority.into(),
+        });
+    }
+    if !(1..=MAX_ATTEMPTS_LIMIT).contains(&opts.max_attempts) {
+        return Err(ValidationError::MaxAttempts {
+            value: opts.max_attempts.into(),
+        });
+    }
+    if opts.tags.len() > MAX_TAGS {
+        return Err(ValidationError::TooManyTags {
+            count: opts.tags.len(),
+            limit: MAX_TAGS,
+        });
+    }
+    for tag in &opts.tags {
+        check_name("tag", tag)?;
+    }
+    if let Some(key) = &opts.ordering_key {
+        check_text("ordering_key", key)?;
+    }
+    if let Some(run_at) = opts.run_at {
+        let year = run_at.year();
+        if !(1..=9999).contains(&year) {
+            return Err(ValidationError::RunAt { year });
+        }
+    }
+    if !opts.metadata.is_object() {
+        return Err(ValidationError::MetadataNotObject {
+            got: json_type_name(&opts.metadata),
+        });
+    }
+    check_json_nul("args", &args)?;
+    check_json_nul("metadata", &opts.metadata)?;
+    let (unique_key, unique_states) = match &opts.unique {
+        Some(u) => {
+            if let Some(p) = u.by_period {
+                if p <= 0 {
+                    return Err(ValidationError::ByPeriod { value: p });
+                }
+            }
+            (
+                Some(unique_key(kind, &opts.queue, &args, opts.run_at, u)),
+                Some(u.states),
+            )
+        }
+        None => (None, None),
+    };
+    Ok(NewJob {
+        kind: kind.to_string(),
+        queue: opts.queue.clone(),
+        args,
+        priority: opts.priority,
+        max_attempts: opts.max_attempts,
+        run_at: opts.run_at,
+        tags: opts.tags.clone(),
+        metadata: opts.metadata.clone(),
+        unique_key,
+        unique_states,
+        ordering_key: opts.ordering_key.clone(),
+    })
+}
+
+/// SHA-256 over the kind and the parts `UniqueOpts` selects. `serde_json` keeps object keys
+/// sorted, so equal args hash equally whatever order the caller built them in.
+pub fn unique_key(
+    kind: &str,
+    queue: &str,
+    args: &Value,
+    run_at: Option<DateTime<Utc>>,
+    u: &UniqueOpts,
+) -> Vec<u8> {
+    let mut h = Sha256::new();
+    h.update(b"kind\0");
+    h.update(kind.as_bytes());
+    if u.by_queue {
+        h.update(b"\0queue\0");
+        h.update(queue.as_bytes());
+    }
+    if u.by_args {
+        h.update(b"\0args\0");
+        h.update(serde_json::to_vec(args).unwrap_or_default());
+    }
+    if let Some(period) = u.by_period {
+        let at = run_at.unwrap_or_else(Utc::now).timestamp();
+        h.update(b"\0period\0");
+        h.update(at.div_euclid(period).to_be_bytes());
+    }
+    h.finalize().to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use serde_json::json;
+
+    fn ok(opts: InsertOpts) -> bool {
+        validate("k", json!({}), &opts).is_ok()
+    }
+
+    #[test]
+    fn limits_at_and_past_the_edge() {
+        let name = |n| "q".repeat(n);
+        assert!(ok(InsertOpts {
+            queue: name(200),
+            ..Default::default()
+        }));
+        assert!(!ok(InsertOpts {
+            queue: name(201),
+            ..Default::default()
+        }));
+        assert!(validate(&"k".repeat(200), json!({}), &InsertOpts::default()).is_ok());
+        assert_eq!(
+            validate(&"k".repeat(201), json!({}), &InsertOpts::default()),
+            Err(ValidationError::TooLong {
+                field: "kind",
+                len: 201,
+                limit: 200
+            })
+        );
+        for (p, good) in [(0, false), (1, true), (4, true), (5, false)] {
+            assert_eq!(
+                ok(InsertOpts {
+                    priority: p,
+                    ..Default::default()
+                }),
+                good,
+                "priority {p}"
+            );
+        }
+        for (m, good) in [(0, false), (1, true), (1000, true), (1001, false)] {
+            assert_eq!(
+                ok(InsertOpts {
+                    max_attempts: m,
+                    ..Default::default()
+                }),
+                good
+            );
+        }
+        let tags = |n| (0..n).map(|i| format!("t{i}")).collect::<Vec<_>>();
+        assert!(ok(InsertOpts {
+            tags: tags(20),
+            ..Default::default()
+        }));
+        assert!(!ok(InsertOpts {
+            tags: tags(21),
+            ..Default::default()
+        }));
+        let y = |year| Utc.with_ymd_and_hms(year, 1, 1, 0, 0, 0).single();
+        assert!(ok(InsertOpts {
+            run_at: y(9999),
+            ..Default::default()
+        }));
+        assert!(!ok(InsertOpts {
+            run_at: y(10000),
+            ..Default::default()
+        }));
+        assert!(ok(InsertOpts {
+            run_at: y(1),
+            ..Default::default()
+        }));
+        assert!(!ok(InsertOpts {
+            run_at: y(0),
+            ..Default::default()
+        }));
+    }
+
+    #[test]
+    fn nul_bytes_are_rejected_everywhere() {
+        let bad = InsertOpts {
+            metadata: json!({"a\u{0}": 1}),
+            ..Default::default()
+        };
+        assert!(matches!(
+            validate("k", json!({}), &bad),
+            Err(ValidationError::NulByte { .. })
+        ));
+        assert!(validate("k", json!({"x": ["a\u{0}"]}), &InsertOpts::default()).is_err());
+        assert!(validate("k\u{0}", json!({}), &InsertOpts::default()).is_err());
+        let tag = InsertOpts {
+            tags: vec!["a\u{0}".into()],
+            ..Default::default()
+        };
+        assert!(validate("k", json!({}), &tag).is_err());
+    }
+
+    #[test]
+    fn unique_key_ignores_key_order_and_respects_options() {
+        let u = UniqueOpts::default();
+        let a = unique_key("k", "q", &json!({"a": 1, "b": 2}), None, &u);
+        let b = unique_key("k", "q2", &json!({"b": 2, "a": 1}), None, &u);
+        assert_eq!(a, b);
+        let by_q = UniqueOpts {
+            by_queue: true,
+            ..u.clone()
+        };
+        assert_ne!(
+            unique_key("k", "q", &json!({}), None, &by_q),
+            unique_key("k", "r", &json!({}), None, &by_q)
+        );
+        let no_args = UniqueOpts {
+            by_args: false,
+            ..u
+        };
+        assert_eq!(
+            unique_key("k", "q", &json!({"a": 1}), None, &no_args),
+            unique_key("k", "q", &json!({"a": 2}), None, &no_args)
+        );
+    }
+}

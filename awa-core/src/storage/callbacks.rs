@@ -1,0 +1,270 @@
+//! External callbacks (ADR-021): register, resolve from outside, and wake in-handler waits.
+//!
+//! A callback id belongs to one attempt: it is registered under the attempt's run lease and
+//! cleared whenever the job leaves that attempt, so resolving it is implicitly lease-checked.
+//! Every resolution publishes `awa:callback` so a handler waiting in `wait_for_callback` on any
+//! worker re-reads its row at once.
+
+use crate::error::{AwaError, Result};
+use crate::executor::context::CallbackToken;
+use crate::model::job::JOB_COLUMNS;
+use crate::model::JobRow;
+use crate::specs::{SpecEvent, Specs};
+use crate::storage::insert::insert_follow_up_in_tx;
+use crate::storage::wake_queues;
+use sqlx::{PgConnection, PgPool};
+use std::time::Duration;
+
+/// The channel that wakes in-handler callback waits.
+pub const CALLBACK_CHANNEL: &str = "awa:callback";
+
+/// Register a callback for the running attempt `(job_id, lease)`.
+pub async fn register_callback(
+    pool: &PgPool,
+    job_id: i64,
+    lease: i64,
+    timeout: Duration,
+) -> Result<CallbackToken> {
+    let id: Option<String> = sqlx::query_scalar(
+        "UPDATE awa.jobs SET callback_id = gen_random_uuid(), callback_result = NULL,
+             callback_timeout_at = now() + make_interval(secs => $3)
+         WHERE id = $1 AND run_lease = $2 AND state = 'running'
+         RETURNING callback_id::text",
+    )
+    .bind(job_id)
+    .bind(lease)
+    .bind(timeout.as_secs_f64())
+    .fetch_optional(pool)
+    .await?;
+    id.map(CallbackToken).ok_or_else(|| {
+        AwaError::State(format!(
+            "job {job_id} is no longer running under this attempt"
+        ))
+    })
+}
+
+fn parse_uuid_text(callback_id: &str) -> Result<&str> {
+    // Validate the shape here so a malformed id is "not found", not a database error.
+    let ok = callback_id.len() == 36
+        && callback_id.chars().enumerate().all(|(i, c)| {
+            if [8, 13, 18, 23].contains(&i) {
+                c == '-'
+            } else {
+                c.is_ascii_hexdigit()
+            }
+        });
+    if ok {
+        Ok(callback_id)
+    } else {
+        Err(AwaError::CallbackNotFound(callback_id.to_string()))
+    }
+}
+
+/// The second parameter of a resolution statement, when it has one.
+enum Param2 {
+    None,
+    Json(Option<serde_json::Value>),
+    Text(String),
+    Float(f64),
+}
+
+/// Apply `SET {set}` to the job waiting on `id` (parked, or running and waiting in its
+/// handler) and return it; no such job is [`AwaError::CallbackNotFound`].
+async fn resolve(conn: &mut PgConnection, id: &str, set: &str, param: Param2) -> Result<JobRow> {
+    let sql = format!(
+        "UPDATE awa.jobs SET {set}
+         WHERE callback_id = $1::uuid AND state IN ('waiting_external', 'running')
+         RETURNING {JOB_COLUMNS}"
+    );
+    let q = sqlx::query(&sql).bind(id);
+    let q = match param {
+        Param2::None => q,
+        Param2::Json(v) => q.bind(v),
+        Param2::Text(t) => q.bind(t),
+        Param2::Float(f) => q.bind(f),
+    };
+    match q.fetch_optional(&mut *conn).await? {
+        Some(r) => Ok(JobRow::from_row(&r)?),
+        None => Err(AwaError::CallbackNotFound(id.to_string())),
+    }
+}
+
+/// Complete the job waiting on `callback_id`, firing registered Completed specs in the same
+/// transaction. Staged follow-ups of an in-handler wait are not inserted: this process has no
+/// handler context (ADR-046).
+pub async fn complete_external(
+    pool: &PgPool,
+    specs: &Specs,
+    callback_id: &str,
+    payload: Option<serde_json::Value>,
+) -> Result<JobRow> {
+    let id = parse_uuid_text(callback_id)?;
+    let mut tx = pool.begin().await?;
+    let job = resolve(
+        &mut tx,
+        id,
+        "state = 'completed', finalized_at = now(), progress = NULL, heartbeat_at = NULL, \
+         callback_id = NULL, callback_timeout_at = NULL, \
+         callback_result = CASE WHEN $2::jsonb IS NULL THEN NULL \
+             ELSE jsonb_build_object('callback_id', $1::text, 'payload', $2::jsonb) END",
+        Param2::Json(payload),
+    )
+    .await?;
+    for follow_up in specs.follow_ups(&job, SpecEvent::Completed)? {
+        insert_follow_up_in_tx(&mut tx, &follow_up, false).await?;
+    }
+    notify_callback(&mut tx, id).await?;
+    tx.commit().await?;
+    Ok(job)
+}
+
+/// Fail the job waiting on `callback_id` (moved to the DLQ when its queue enables it).
+pub async fn fail_external(
+    pool: &PgPool,
+    specs: &Specs,
+    callback_id: &str,
+    error: &str,
+) -> Result<JobRow> {
+    let id = parse_uuid_text(callback_id)?;
+    let mut tx = pool.begin().await?;
+    let job = resolve(
+        &mut tx,
+        id,
+        "state = 'failed', finalized_at = now(), heartbeat_at = NULL, \
+         callback_id = NULL, callback_timeout_at = NULL, callback_result = NULL, \
+         errors = errors || jsonb_build_array(jsonb_build_object(\
+             'attempt', attempt, 'at', now(), 'error', $2::text))",
+        Param2::Text(error.to_string()),
+    )
+    .await?;
+    for follow_up in specs.follow_ups(&job, SpecEvent::Exhausted)? {
+        insert_follow_up_in_tx(&mut tx, &follow_up, false).await?;
+    }
+    crate::storage::dlq::move_failed_where_enabled(&mut tx, &[job.id], error).await?;
+    notify_callback(&mut tx, id).await?;
+    tx.commit().await?;
+    Ok(job)
+}
+
+/// Make the job waiting on `callback_id` retryable now (a new attempt will run).
+pub async fn retry_external(pool: &PgPool, callback_id: &str) -> Result<JobRow> {
+    let id = parse_uuid_text(callback_id)?;
+    let mut tx = pool.begin().await?;
+    let job = resolve(
+        &mut tx,
+        id,
+        "state = 'available', run_at = now(), heartbeat_at = NULL, deadline_at = NULL, \
+         callback_id = NULL, callback_timeout_at = NULL, callback_result = NULL",
+        Param2::None,
+    )
+    .await?;
+    wake_queues(&mut *tx, std::slice::from_ref(&job.queue)).await?;
+    notify_callback(&mut tx, id).await?;
+    tx.commit().await?;
+    Ok(job)
+}
+
+/// Deliver `payload` to the handler waiting on `callback_id`. A handler waiting in
+/// `wait_for_callback` continues under the same lease (even if the resume arrived before it
+/// started waiting); a job parked by returning `WaitForCallback` becomes available again.
+pub async fn resume_external(
+    pool: &PgPool,
+    callback_id: &str,
+    payload: Option<serde_json::Value>,
+) -> Result<JobRow> {
+    let id = parse_uuid_text(callback_id)?;
+    let mut tx = pool.begin().await?;
+    let job = resolve(&mut tx, id, "callback_result = jsonb_build_object(\
+             'callback_id', $1::text, 'payload', coalesce($2::jsonb, 'null'::jsonb)), \
+         callback_id = NULL, callback_timeout_at = NULL, \
+         state = CASE WHEN state = 'waiting_external' THEN 'available' ELSE state END, \
+         run_at = CASE WHEN state = 'waiting_external' THEN now() ELSE run_at END, \
+         attempt = CASE WHEN state = 'waiting_external' THEN greatest(attempt - 1, 0) ELSE attempt END", Param2::Json(payload)).await?;
+    if job.state == crate::JobState::Available {
+        wake_queues(&mut *tx, std::slice::from_ref(&job.queue)).await?;
+    }
+    notify_callback(&mut tx, id).await?;
+    tx.commit().await?;
+    Ok(job)
+}
+
+/// Extend a callback's timeout.
+pub async fn heartbeat_callback(
+    pool: &PgPool,
+    callback_id: &str,
+    timeout: Duration,
+) -> Result<JobRow> {
+    let id = parse_uuid_text(callback_id)?;
+    let mut conn = pool.acquire().await?;
+    resolve(
+        &mut conn,
+        id,
+        "callback_timeout_at = now() + make_interval(secs => $2)",
+        Param2::Float(timeout.as_secs_f64()),
+    )
+    .await
+}
+
+async fn notify_callback(conn: &mut sqlx::PgConnection, id: &str) -> Result<()> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(CALLBACK_CHANNEL)
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// What an in-handler wait finds when it reads its row.
+pub(crate) enum WaitState {
+    Resumed(serde_json::Value),
+    /// A payload arrived between two reads: read again at once.
+    Ready,
+    Pending,
+    Gone(String),
+}
+
+/// Read the row of a waiting attempt: resumed (take the payload), still pending, or gone.
+pub(crate) async fn poll_wait(
+    pool: &PgPool,
+    job_id: i64,
+    lease: i64,
+    token: &str,
+) -> Result<WaitState> {
+    let taken: Option<serde_json::Value> = sqlx::query_scalar(
+        "UPDATE awa.jobs j SET callback_result = NULL
+         FROM (SELECT id, callback_result AS old FROM awa.jobs WHERE id = $1 FOR UPDATE) o
+         WHERE j.id = o.id AND j.run_lease = $2 AND j.state = 'running'
+           AND o.old->>'callback_id' = $3
+         RETURNING o.old->'payload'",
+    )
+    .bind(job_id)
+    .bind(lease)
+    .bind(token)
+    .fetch_optional(pool)
+    .await?;
+    if let Some(payload) = taken {
+        return Ok(WaitState::Resumed(payload));
+    }
+    // A resume that committed after the take above is still waiting in callback_result.
+    let row: Option<(String, i64, Option<String>, bool, bool)> = sqlx::query_as(
+        "SELECT state, run_lease, callback_id::text, coalesce(callback_timeout_at < now(), false),
+                coalesce(callback_result->>'callback_id' = $2, false)
+         FROM awa.jobs WHERE id = $1",
+    )
+    .bind(job_id)
+    .bind(token)
+    .fetch_optional(pool)
+    .await?;
+    Ok(match row {
+        None => WaitState::Gone("the job no longer exists".into()),
+        Some((state, l, _, _, _)) if state != "running" || l != lease => {
+            WaitState::Gone(format!("the job was finalized elsewhere (state {state})"))
+        }
+        Some((_, _, _, _, true)) => WaitState::Ready,
+        Some((_, _, cb, _, _)) if cb.as_deref() != Some(token) => {
+            WaitState::Gone("the callback is no longer registered for this attempt".into())
+        }
+        Some((_, _, _, true, _)) => WaitState::Gone("the callback timed out".into()),
+        Some(_) => WaitState::Pending,
+    })
+}

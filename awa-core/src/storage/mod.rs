@@ -1,0 +1,24 @@
+//! SQL for every state change and read. Functions are generic over a sqlx executor where the
+//! caller may want its own transaction; finalization and claiming own their transactions.
+
+pub mod admin;
+pub mod callbacks;
+pub mod claim;
+pub mod copy;
+pub mod dlq;
+pub mod insert;
+pub mod migrations;
+pub mod pool;
+
+/// Send the wake-up hint (`awa:<queue>` NOTIFY) for each queue; listeners re-claim at once,
+/// pollers find the jobs anyway.
+pub(crate) async fn wake_queues<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    queues: &[String],
+) -> crate::error::Result<()> {
+    sqlx::query("SELECT pg_notify(awa.queue_channel(q), '') FROM unnest($1::text[]) AS q")
+        .bind(queues)
+        .execute(executor)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,139 @@
+//! `work_one`: claim one job of a kind and run it through the real executor and finalizer
+//! path — staging, poisoning and discard behave exactly as in production.
+
+use crate::error::{AwaError, Result};
+use crate::executor::context::{CancelSignal, JobContext, ProgressBuffer, StateMap};
+use crate::executor::runner::transition_for;
+use crate::executor::{callbacks::CallbackWaiters, ErasedHandler};
+use crate::finalizer::{finalize_with_retry, Finalization, Finalized, Transition};
+use crate::follow_ups::FollowUps;
+use crate::model::{JobRow, JobState};
+use crate::specs::Specs;
+use crate::storage::admin::get_job;
+use crate::storage::claim::{claim_batch, claim_kind};
+use futures_util::FutureExt;
+use sqlx::PgPool;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What happened to the job `work_one` ran.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WorkResult {
+    /// The job as stored after finalization (`None` when no job was available).
+    pub job: Option<JobRow>,
+    /// completed, retryable, failed, cancelled, snoozed, waiting_external, no_job — or
+    /// `stale` when the lease guard matched nothing, `abandoned` when nothing was finalized.
+    pub outcome: String,
+    /// The error recorded for this attempt, if any.
+    pub error: Option<String>,
+}
+
+impl WorkResult {
+    pub fn is_completed(&self) -> bool {
+        self.outcome == "completed"
+    }
+}
+
+/// Claim the next available job of `queue` and run `handler` on it, finalizing through
+/// `finalize_with_retry` with `specs` (use `Specs::default()` for none).
+pub async fn work_one(
+    pool: &PgPool,
+    queue: &str,
+    handler: Arc<dyn ErasedHandler>,
+    specs: &Specs,
+) -> Result<WorkResult> {
+    work_one_of_kind(pool, queue, None, handler, specs).await
+}
+
+/// [`work_one`] claiming only a job of `kind` (when given).
+pub async fn work_one_of_kind(
+    pool: &PgPool,
+    queue: &str,
+    kind: Option<&str>,
+    handler: Arc<dyn ErasedHandler>,
+    specs: &Specs,
+) -> Result<WorkResult> {
+    let deadline = Duration::from_secs(300);
+    let mut jobs = match kind {
+        Some(k) => claim_kind(pool, queue, k, 1, deadline).await?,
+        None => claim_batch(pool, queue, 1, deadline).await?,
+    };
+    let Some(job) = jobs.pop() else {
+        return Ok(WorkResult {
+            job: None,
+            outcome: "no_job".into(),
+            error: None,
+        });
+    };
+    let ctx = Arc::new(JobContext {
+        progress: Arc::new(std::sync::Mutex::new(ProgressBuffer {
+            value: job.progress.clone(),
+            dirty: false,
+        })),
+        job: Arc::new(job),
+        pool: pool.clone(),
+        follow_ups: FollowUps::new(),
+        cancel: CancelSignal::default(),
+        state: StateMap::default(),
+        callbacks: CallbackWaiters::default(),
+    });
+    let outcome = match AssertUnwindSafe(handler.run(ctx.clone()))
+        .catch_unwind()
+        .await
+    {
+        Ok(o) => o,
+        Err(_) => crate::executor::result::Outcome::Panicked {
+            message: "panic".into(),
+            traceback: None,
+        },
+    };
+    let sealed = ctx.follow_ups.seal();
+    let progress = ctx.progress();
+    let job = ctx.job.clone();
+    let Some(transition) = transition_for(&job, outcome, &sealed) else {
+        return Ok(WorkResult {
+            job: Some((*job).clone()),
+            outcome: "abandoned".into(),
+            error: None,
+        });
+    };
+    let outcome_name = match &transition {
+        Transition::Snoozed { .. } => "snoozed",
+        other => other.name(),
+    }
+    .to_string();
+    let error = match &transition {
+        Transition::Retryable { error, .. } | Transition::Failed { error } => {
+            Some(error.error.clone())
+        }
+        Transition::Cancelled { reason } => Some(reason.clone()),
+        _ => None,
+    };
+    let fin = Finalization {
+        job: job.clone(),
+        transition,
+        follow_ups: sealed,
+        progress,
+        dlq: false,
+    };
+    let done = finalize_with_retry(pool, &fin, specs).await?;
+    let stored = match get_job(pool, job.id).await {
+        Ok(j) => Some(j),
+        Err(AwaError::JobNotFound(_)) => None,
+        Err(e) => return Err(e),
+    };
+    let outcome = if done == Finalized::Stale {
+        "stale".to_string()
+    } else {
+        outcome_name
+    };
+    debug_assert!(
+        stored.as_ref().is_none_or(|j| j.state != JobState::Running) || outcome == "stale"
+    );
+    Ok(WorkResult {
+        job: stored,
+        outcome,
+        error,
+    })
+}

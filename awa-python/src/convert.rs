@@ -1,0 +1,201 @@
+//! Conversions between Python values, SQL parameters and result rows.
+
+use chrono::{DateTime, NaiveDateTime, Utc};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString};
+use pyo3::IntoPyObjectExt;
+use serde_json::Value;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{Column, Postgres, Row, TypeInfo};
+
+/// A Python argument of `Transaction.execute/fetch_*`, extracted while the GIL is held.
+pub enum Param {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Text(String),
+    Bytes(Vec<u8>),
+    Json(Value),
+    Timestamp(DateTime<Utc>),
+}
+
+impl Param {
+    pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Param> {
+        if obj.is_none() {
+            return Ok(Param::Null);
+        }
+        if obj.is_instance_of::<PyBool>() {
+            return Ok(Param::Bool(obj.extract()?));
+        }
+        if obj.is_instance_of::<PyInt>() {
+            return Ok(Param::Int(obj.extract()?));
+        }
+        if obj.is_instance_of::<PyFloat>() {
+            return Ok(Param::Float(obj.extract()?));
+        }
+        if obj.is_instance_of::<PyString>() {
+            return Ok(Param::Text(obj.extract()?));
+        }
+        if obj.is_instance_of::<PyBytes>() {
+            return Ok(Param::Bytes(obj.extract()?));
+        }
+        if let Ok(ts) = obj.extract::<DateTime<Utc>>() {
+            return Ok(Param::Timestamp(ts));
+        }
+        if obj.is_instance_of::<PyDict>() || obj.is_instance_of::<PyList>() {
+            let json = obj.py().import("json")?.call_method1("dumps", (obj,))?;
+            let text: String = json.extract()?;
+            let value = serde_json::from_str(&text)
+                .map_err(|e| crate::errors::SerializationError::new_err(e.to_string()))?;
+            return Ok(Param::Json(value));
+        }
+        Err(crate::errors::SerializationError::new_err(format!(
+            "cannot pass a {} as a SQL parameter",
+            obj.get_type().name()?
+        )))
+    }
+
+    pub fn bind<'q>(self, q: Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments> {
+        match self {
+            Param::Null => q.bind(None::<String>),
+            Param::Bool(b) => q.bind(b),
+            Param::Int(i) => q.bind(i),
+            Param::Float(f) => q.bind(f),
+            Param::Text(s) => q.bind(s),
+            Param::Bytes(b) => q.bind(b),
+            Param::Json(v) => q.bind(v),
+            Param::Timestamp(t) => q.bind(t),
+        }
+    }
+}
+
+/// A decoded cell, converted to Python once the GIL is taken.
+pub enum Cell {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Text(String),
+    Bytes(Vec<u8>),
+    Json(Value),
+    Timestamp(DateTime<Utc>),
+    Naive(NaiveDateTime),
+    TextArray(Vec<String>),
+    IntArray(Vec<i64>),
+}
+
+/// Decode a result row without the GIL.
+pub fn decode_row(row: &PgRow) -> Result<Vec<(String, Cell)>, String> {
+    let mut out = Vec::with_capacity(row.columns().len());
+    for col in row.columns() {
+        let i = col.ordinal();
+        let name = col.name().to_string();
+        let ty = col.type_info().name().to_string();
+        let cell = decode_cell(row, i, &ty)
+            .map_err(|e| format!("column {name:?} ({ty}): {e}; cast it to text in the query"))?;
+        out.push((name, cell));
+    }
+    Ok(out)
+}
+
+fn opt<T>(v: Option<T>, f: impl FnOnce(T) -> Cell) -> Cell {
+    v.map_or(Cell::Null, f)
+}
+
+fn decode_cell(row: &PgRow, i: usize, ty: &str) -> Result<Cell, sqlx::Error> {
+    Ok(match ty {
+        "BOOL" => opt(row.try_get::<Option<bool>, _>(i)?, Cell::Bool),
+        "INT2" => opt(row.try_get::<Option<i16>, _>(i)?, |v| Cell::Int(v.into())),
+        "INT4" => opt(row.try_get::<Option<i32>, _>(i)?, |v| Cell::Int(v.into())),
+        "INT8" => opt(row.try_get::<Option<i64>, _>(i)?, Cell::Int),
+        "FLOAT4" => opt(row.try_get::<Option<f32>, _>(i)?, |v| Cell::Float(v.into())),
+        "FLOAT8" => opt(row.try_get::<Option<f64>, _>(i)?, Cell::Float),
+        "TEXT" | "VARCHAR" | "BPCHAR" | "NAME" | "CHAR" => {
+            opt(row.try_get::<Option<String>, _>(i)?, Cell::Text)
+        }
+        "JSON" | "JSONB" => opt(row.try_get::<Option<Value>, _>(i)?, Cell::Json),
+        "TIMESTAMPTZ" => opt(row.try_get::<Option<DateTime<Utc>>, _>(i)?, Cell::Timestamp),
+        "TIMESTAMP" => opt(row.try_get::<Option<NaiveDateTime>, _>(i)?, Cell::Naive),
+        "BYTEA" => opt(row.try_get::<Option<Vec<u8>>, _>(i)?, Cell::Bytes),
+        "TEXT[]" | "VARCHAR[]" => opt(row.try_get::<Option<Vec<String>>, _>(i)?, Cell::TextArray),
+        "INT8[]" => opt(row.try_get::<Option<Vec<i64>>, _>(i)?, Cell::IntArray),
+        "INT4[]" => opt(row.try_get::<Option<Vec<i32>>, _>(i)?, |v| {
+            Cell::IntArray(v.into_iter().map(i64::from).collect())
+        }),
+        "VOID" => Cell::Null,
+        other => {
+            return Err(sqlx::Error::Decode(
+                format!("unsupported type {other}").into(),
+            ))
+        }
+    })
+}
+
+/// Convert a JSON value into Python objects.
+pub fn json_to_py(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
+    Ok(match v {
+        Value::Null => py.None(),
+        Value::Bool(b) => b.into_py_any(py)?,
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                i.into_py_any(py)?
+            } else if let Some(u) = n.as_u64() {
+                u.into_py_any(py)?
+            } else {
+                n.as_f64().unwrap_or(f64::NAN).into_py_any(py)?
+            }
+        }
+        Value::String(s) => s.into_py_any(py)?,
+        Value::Array(items) => {
+            let list = PyList::empty(py);
+            for item in items {
+                list.append(json_to_py(py, item)?)?;
+            }
+            list.into_any().unbind()
+        }
+        Value::Object(map) => {
+            let dict = PyDict::new(py);
+            for (k, val) in map {
+                dict.set_item(k, json_to_py(py, val)?)?;
+            }
+            dict.into_any().unbind()
+        }
+    })
+}
+
+impl Cell {
+    pub fn into_py(self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(match self {
+            Cell::Null => py.None(),
+            Cell::Bool(b) => b.into_py_any(py)?,
+            Cell::Int(i) => i.into_py_any(py)?,
+            Cell::Float(f) => f.into_py_any(py)?,
+            Cell::Text(s) => s.into_py_any(py)?,
+            Cell::Bytes(b) => PyBytes::new(py, &b).into_any().unbind(),
+            Cell::Json(v) => json_to_py(py, &v)?,
+            Cell::Timestamp(t) => t.into_py_any(py)?,
+            Cell::Naive(t) => t.into_py_any(py)?,
+            Cell::TextArray(v) => v.into_py_any(py)?,
+            Cell::IntArray(v) => v.into_py_any(py)?,
+        })
+    }
+}
+
+/// Rows decoded off the GIL, turned into a list of dicts with it.
+pub fn rows_to_py(py: Python<'_>, rows: Vec<Vec<(String, Cell)>>) -> PyResult<Py<PyAny>> {
+    let list = PyList::empty(py);
+    for row in rows {
+        list.append(row_to_dict(py, row)?)?;
+    }
+    Ok(list.into_any().unbind())
+}
+
+pub fn row_to_dict(py: Python<'_>, row: Vec<(String, Cell)>) -> PyResult<Py<PyAny>> {
+    let dict = PyDict::new(py);
+    for (name, cell) in row {
+        dict.set_item(name, cell.into_py(py)?)?;
+    }
+    Ok(dict.into_any().unbind())
+}

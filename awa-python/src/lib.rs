@@ -1,0 +1,70 @@
+//! The native module `awa._awa`: thin bindings over `awa-core`.
+//!
+//! # Layout
+//! - `bridge`: Rust futures as asyncio awaitables (one eager poll, one wake-up socket per loop).
+//! - `errors`: exception classes and the one engine-error → exception mapping.
+//! - `convert`: Python values ↔ SQL parameters and result rows.
+//! - `client`: `NativeClient` (pool, migrate, insert, admin reads).
+//! - `transaction`: `NativeTransaction` (caller-owned transactions).
+//! - `worker`: the Python worker bridge (`NativeWorker`, `NativeJobContext`).
+//! - `logging`: engine `tracing` events forwarded to Python's `logging`.
+
+mod bridge;
+mod client;
+mod convert;
+mod errors;
+mod logging;
+mod transaction;
+mod worker;
+
+use pyo3::prelude::*;
+
+/// Snake-case kind for a class name (`SMTPEmail` → `smtp_email`).
+#[pyfunction]
+fn derive_kind(name: &str) -> String {
+    awa_core::derive_kind(name)
+}
+
+/// Validate a staging request exactly as `enqueue_on_completion` would and return its
+/// serialized size in bytes; used by `awa.testing.HandlerJob` without a database.
+#[pyfunction]
+fn stage_check(request: String) -> PyResult<usize> {
+    let job = awa_core::model::UntypedRequest::from_json(&request)
+        .and_then(awa_core::model::UntypedRequest::into_new_job)
+        .map_err(|e| errors::StagingError::new_err(format!("invalid follow-up: {e}")))?;
+    Ok(job.serialized_size())
+}
+
+/// Release the GIL briefly so that the logging forwarder (the one native thread that takes the
+/// GIL; awaitables resolve on the loop's thread, see `bridge`) is done before the interpreter
+/// finalizes. Registered with `atexit`
+/// by the package: a native thread still inside the GIL when finalization starts aborts the
+/// process.
+#[pyfunction]
+fn quiesce(py: Python<'_>, millis: u64) {
+    py.detach(|| std::thread::sleep(std::time::Duration::from_millis(millis)));
+}
+
+#[pymodule]
+fn _awa(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_class::<client::NativeClient>()?;
+    m.add_class::<transaction::NativeTransaction>()?;
+    m.add_class::<worker::NativeWorker>()?;
+    m.add_class::<worker::NativeJobContext>()?;
+    m.add_class::<worker::NativeTestRun>()?;
+    m.add_function(wrap_pyfunction!(logging::set_log_level, m)?)?;
+    m.add_function(wrap_pyfunction!(stage_check, m)?)?;
+    m.add_function(wrap_pyfunction!(quiesce, m)?)?;
+    m.add(
+        "MAX_STAGED_FOLLOW_UPS",
+        awa_core::follow_ups::MAX_STAGED_FOLLOW_UPS,
+    )?;
+    m.add("MAX_STAGED_BYTES", awa_core::follow_ups::MAX_STAGED_BYTES)?;
+    m.add_function(wrap_pyfunction!(derive_kind, m)?)?;
+    m.add(
+        "SCHEMA_VERSION",
+        awa_core::storage::migrations::latest_version(),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The benchmark, one command, from the repository root:
+#
+#   bash bench/run.sh            # full run: the issue's sizes, 3 interleaved rounds (~20-30 min)
+#   bash bench/run.sh --quick    # smoke run: small sizes, 1 round (~2-3 min)
+#
+# It prepares everything it needs, then runs bench/orchestrate.py:
+#   1. a virtualenv per system under bench/.venvs/ (git-ignored), installed from PyPI:
+#      awa-pg 0.6.9, pgqueuer (+ asyncpg, uvloop), procrastinate (+ psycopg 3 with its pool),
+#      and one with matplotlib for the chart;
+#   2. our wheel, built in release mode from this checkout, in bench/.venvs/awa;
+#   3. the Rust bench binary (bench/rust, its own workspace), release mode.
+# Database: DATABASE_URL if set, else 127.0.0.1:5432 (user postgres), else a private throwaway
+# cluster (see scripts/lib.sh). Every run gets a fresh database, dropped afterwards.
+#
+# Other options are passed to bench/orchestrate.py (see --help there), e.g.
+#   --rounds 5  --systems awa,pgqueuer  --workloads drain,latency  --drain-jobs 5000
+# and --no-build skips steps 2-3 (reuse the last wheel and binary).
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/../scripts/lib.sh"
+BENCH="$ROOT/bench"
+VENVS="$BENCH/.venvs"
+BENCH_TARGET="${AWA_BENCH_TARGET_DIR:-$HOME/.cache/awa-target-bench}"
+
+# Peer versions (pinned so a re-run measures the same code; override from the environment).
+UVLOOP_REQ="${UVLOOP_REQ:-uvloop==0.23.0}"  # every Python system runs on uvloop
+AWA_PG_REQ="${AWA_PG_REQ:-awa-pg==0.6.9 $UVLOOP_REQ}"
+PGQUEUER_REQ="${PGQUEUER_REQ:-pgqueuer==1.6.0 asyncpg==0.32.0 $UVLOOP_REQ}"
+PROCRASTINATE_REQ="${PROCRASTINATE_REQ:-procrastinate==3.10.0 psycopg[binary,pool]==3.3.9 $UVLOOP_REQ}"
+PLOT_REQ="${PLOT_REQ:-matplotlib==3.11.2}"
+
+BUILD=1
+PASS=()
+for a in "$@"; do
+    case "$a" in
+        --no-build) BUILD=0 ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        *) PASS+=("$a") ;;
+    esac
+done
+REPRO="bash bench/run.sh${PASS[*]:+ ${PASS[*]}}"
+
+command -v psql >/dev/null 2>&1 || {
+    echo "bench/run.sh needs psql (Debian/Ubuntu: apt-get install postgresql-client)" >&2; exit 1; }
+
+# A virtualenv with the given requirements; reinstalled only when the requirements change.
+ensure_system_venv() { # $1 = name, $2 = requirements (space separated)
+    local dir="$VENVS/$1" stamp="$VENVS/$1/.bench-requirements"
+    if [ -x "$dir/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$2" ]; then
+        return
+    fi
+    log "virtualenv $1: $2"
+    python3 -m venv "$dir"
+    # shellcheck disable=SC2086  # the requirements are a word list
+    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check $2
+    printf '%s' "$2" > "$stamp"
+}
+
+ensure_venv
+ensure_database
+log "database: $DATABASE_URL"
+mkdir -p "$VENVS"
+ensure_system_venv awa_pg "$AWA_PG_REQ"
+ensure_system_venv pgqueuer "$PGQUEUER_REQ"
+ensure_system_venv procrastinate "$PROCRASTINATE_REQ"
+ensure_system_venv plot "$PLOT_REQ"
+ensure_system_venv awa "$UVLOOP_REQ"  # our wheel is added below
+
+if [ "$BUILD" = 1 ]; then
+    log "building our wheel (release)"
+    rm -rf "$BENCH/.wheel"
+    (cd "$ROOT" && "$VENV/bin/maturin" build --quiet --release --out bench/.wheel >&2)
+    "$VENVS/awa/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
+        "$(ls "$BENCH"/.wheel/awa_queue-*.whl | head -n1)"
+    log "building the Rust bench binary (release)"
+    CARGO_TARGET_DIR="$BENCH_TARGET" cargo build --quiet --release --manifest-path "$BENCH/rust/Cargo.toml"
+fi
+
+log "running the benchmark"
+"$PY" "$BENCH/orchestrate.py" --rust-bin "$BENCH_TARGET/release/awa-bench" \
+    --command "$REPRO" ${PASS[@]+"${PASS[@]}"}

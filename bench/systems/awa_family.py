@@ -1,0 +1,254 @@
+"""Workloads for the two systems with the awa Python API: ours (``awa-queue``, built from this
+repository) and ``awa-pg`` 0.6.9. Both import as ``awa`` and share the names (``AsyncClient``,
+``insert``, ``task``, ``start``, ``shutdown``), so one module drives both; the differences are
+in :class:`Flavour`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from typing import Any
+
+import awa  # the one installed in the running virtualenv
+
+from common import FOLLOW_UP_QUEUE, QUEUE, Workload, pace_inserts, psql, psql_int, wait_drained
+
+PENDING_STATES = "('available', 'running', 'scheduled', 'retryable')"
+
+
+@dataclasses.dataclass
+class Noop:
+    i: int
+
+
+@dataclasses.dataclass
+class StageJob:
+    i: int
+
+
+@dataclasses.dataclass
+class FollowUp:
+    i: int
+
+
+@dataclasses.dataclass
+class Tick:
+    i: int
+
+
+class Flavour:
+    """What differs between our package and awa-pg."""
+
+    name = "awa"
+    pool_size = 20
+
+    async def prepare_schema(self, client: Any) -> None:
+        await client.migrate()
+
+    def bulk_api(self, client: Any) -> str:
+        # Our fastest bulk path: a COPY-based call if the package has one, else insert_many.
+        for name in ("enqueue_many_copy", "insert_many_copy", "insert_many"):
+            if hasattr(client, name):
+                return name
+        raise RuntimeError("no bulk insert API")
+
+    async def bulk_insert(self, client: Any, items: list[Any]) -> None:
+        await getattr(client, self.bulk_api(client))(items, queue=QUEUE)
+
+    async def stage(self, client: Any, job: Any) -> None:
+        job.enqueue_on_completion(FollowUp(i=job.args.i), kind="follow_up", queue=FOLLOW_UP_QUEUE, unique_opts={})
+
+    staging_note = "job.enqueue_on_completion (inserted in the completion transaction)"
+
+
+class AwaPg(Flavour):
+    name = "awa-pg"
+    # AWA_PG_ENGINE=queue_storage | canonical (see docs/benchmarks.md for which is used).
+    engine = os.environ.get("AWA_PG_ENGINE", "queue_storage")
+
+    async def prepare_schema(self, client: Any) -> None:
+        await client.migrate()
+        if self.engine == "queue_storage":
+            # awa-pg 0.6's README: "Fresh installs go straight to the queue-storage engine";
+            # activate it explicitly so its COPY ingestion (enqueue_many_copy) is available.
+            await client.install_queue_storage()
+
+    def bulk_api(self, client: Any) -> str:
+        return "enqueue_many_copy" if self.engine == "queue_storage" else "insert_many_copy"
+
+    async def stage(self, client: Any, job: Any) -> None:
+        # awa-pg 0.6.9 has no handler-staged follow-ups: the handler inserts the follow-up
+        # itself (not atomic with the completion).
+        await client.insert(FollowUp(i=job.args.i), kind="follow_up", queue=FOLLOW_UP_QUEUE, unique_opts={})
+
+    staging_note = "client.insert from inside the handler (awa-pg has no staging; not atomic)"
+
+
+def describe(flavour: Flavour) -> dict[str, Any]:
+    version = getattr(awa, "__version__", None)
+    if version is None:
+        try:
+            from importlib.metadata import version as _v
+
+            version = _v("awa-pg" if flavour.name == "awa-pg" else "awa-queue")
+        except Exception:  # noqa: BLE001
+            version = "unknown"
+    return {"name": flavour.name, "version": version}
+
+
+async def _schema(flavour: Flavour, url: str, items: list[Any] | None = None) -> None:
+    client = awa.AsyncClient(url, max_connections=4)
+    await flavour.prepare_schema(client)
+    if items:
+        await flavour.bulk_insert(client, items)
+    await client.close()
+
+
+async def setup_schema(flavour: Flavour, args: Any) -> None:
+    await _schema(flavour, args.url)
+
+
+async def setup_noop_jobs(flavour: Flavour, args: Any) -> None:
+    await _schema(flavour, args.url, [Noop(i=i) for i in range(args.jobs)])
+
+
+async def setup_stage_jobs(flavour: Flavour, args: Any) -> None:
+    await _schema(flavour, args.url, [StageJob(i=i) for i in range(args.jobs)])
+
+
+async def enqueue_single(flavour: Flavour, args: Any) -> dict[str, Any]:
+    client = awa.AsyncClient(args.url, max_connections=4)
+    await client.insert(Noop(i=-1), queue="warmup")  # open the connection outside the clock
+    t0 = time.perf_counter()
+    for i in range(args.jobs):
+        await client.insert(Noop(i=i), queue=QUEUE)
+    seconds = time.perf_counter() - t0
+    await client.close()
+    return {"jobs": args.jobs, "seconds": seconds, "jobs_per_s": args.jobs / seconds, "api": "insert"}
+
+
+async def enqueue_bulk(flavour: Flavour, args: Any) -> dict[str, Any]:
+    client = awa.AsyncClient(args.url, max_connections=4)
+    await client.insert(Noop(i=-1), queue="warmup")
+    items = [Noop(i=i) for i in range(args.jobs)]
+    t0 = time.perf_counter()
+    await flavour.bulk_insert(client, items)
+    seconds = time.perf_counter() - t0
+    api = flavour.bulk_api(client)
+    await client.close()
+    return {"jobs": args.jobs, "seconds": seconds, "jobs_per_s": args.jobs / seconds, "api": api}
+
+
+async def verify_bulk(flavour: Flavour, args: Any) -> dict[str, Any]:
+    n = psql_int(args.url, f"SELECT count(*) FROM awa.jobs WHERE queue = '{QUEUE}'")
+    if n != args.jobs:
+        raise RuntimeError(f"bulk insert stored {n} of {args.jobs} jobs")
+    return {"stored": n}
+
+
+async def _drain(flavour: Flavour, args: Any, staging: bool) -> dict[str, Any]:
+    client = awa.AsyncClient(args.url, max_connections=flavour.pool_size)
+    handled = [0]
+
+    if staging:
+
+        @client.task(StageJob, queue=QUEUE)
+        async def stage_handler(job: Any) -> None:
+            await flavour.stage(client, job)
+            handled[0] += 1
+
+    else:
+
+        @client.task(Noop, queue=QUEUE)
+        async def noop_handler(job: Any) -> None:
+            handled[0] += 1
+
+    async def pending() -> int:
+        # One transaction per poll (subtracted from the commit count as own_txns).
+        tx = await client.transaction()
+        row = await tx.fetch_one(
+            f"SELECT count(*)::int8 AS n FROM awa.jobs WHERE queue = $1 AND state IN {PENDING_STATES}", QUEUE
+        )
+        await tx.commit()
+        return int(row["n"])
+
+    t0 = time.perf_counter()
+    await client.start([(QUEUE, args.workers)], poll_interval_ms=args.poll_ms)
+    polls = await wait_drained(handled, args.jobs, pending, args.timeout_s)
+    seconds = time.perf_counter() - t0
+    await client.shutdown()
+    await client.close()
+    out: dict[str, Any] = {
+        "jobs": args.jobs,
+        "workers": args.workers,
+        "seconds": seconds,
+        "jobs_per_s": args.jobs / seconds,
+        "own_txns": polls,
+        "settings": f"start([('{QUEUE}', {args.workers})], poll_interval_ms={args.poll_ms}), "
+        f"AsyncClient(max_connections={flavour.pool_size})"
+        + (f", engine={flavour.engine}" if flavour.name == "awa-pg" else ""),
+    }
+    if staging:
+        out["staging_api"] = flavour.staging_note
+    return out
+
+
+async def verify_drain(flavour: Flavour, args: Any) -> dict[str, Any]:
+    completed = psql_int(args.url, f"SELECT count(*) FROM awa.jobs WHERE queue = '{QUEUE}' AND state = 'completed'")
+    return {"completed": completed}
+
+
+async def verify_staging(flavour: Flavour, args: Any) -> dict[str, Any]:
+    out = await verify_drain(flavour, args)
+    rows = psql(
+        args.url,
+        f"SELECT count(*), count(DISTINCT args->>'i') FROM awa.jobs "
+        f"WHERE queue = '{FOLLOW_UP_QUEUE}' AND kind = 'follow_up'",
+    )
+    total, distinct = int(rows[0][0]), int(rows[0][1])
+    out.update(follow_ups=total, follow_ups_distinct=distinct, exactly_once=(total == args.jobs and distinct == args.jobs))
+    return out
+
+
+async def drain(flavour: Flavour, args: Any) -> dict[str, Any]:
+    return await _drain(flavour, args, staging=False)
+
+
+async def staging(flavour: Flavour, args: Any) -> dict[str, Any]:
+    return await _drain(flavour, args, staging=True)
+
+
+async def latency(flavour: Flavour, args: Any) -> dict[str, Any]:
+    client = awa.AsyncClient(args.url, max_connections=flavour.pool_size)
+    started: dict[int, float] = {}
+
+    @client.task(Tick, queue=QUEUE)
+    async def tick(job: Any) -> None:
+        started[job.args.i] = time.perf_counter()
+
+    await client.start([(QUEUE, args.workers)], poll_interval_ms=args.poll_ms)
+    await client.insert(Tick(i=-1), queue="warmup")  # warm the producer's connection
+    await asyncio.sleep(1.5)  # let the worker go idle
+    result = await pace_inserts(
+        args.jobs, args.interval_ms / 1000.0, lambda i: client.insert(Tick(i=i), queue=QUEUE), started
+    )
+    await client.shutdown()
+    await client.close()
+    result["settings"] = f"poll_interval_ms={args.poll_ms}; LISTEN/NOTIFY wake-ups"
+    return result
+
+
+def workloads(flavour: Flavour) -> dict[str, Workload]:
+    def bind(fn: Any) -> Any:
+        return lambda a: fn(flavour, a)
+
+    return {
+        "enqueue_single": Workload(bind(enqueue_single), setup=bind(setup_schema)),
+        "enqueue_bulk": Workload(bind(enqueue_bulk), setup=bind(setup_schema), verify=bind(verify_bulk)),
+        "drain": Workload(bind(drain), setup=bind(setup_noop_jobs), verify=bind(verify_drain)),
+        "latency": Workload(bind(latency), setup=bind(setup_schema)),
+        "staging": Workload(bind(staging), setup=bind(setup_stage_jobs), verify=bind(verify_staging)),
+    }

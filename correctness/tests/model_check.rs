@@ -1,0 +1,311 @@
+//! CI model check of `correctness/storage/AwaStagedFollowUps.tla`, through its
+//! executable twin `awa_correctness::staged_follow_ups`.
+//!
+//! - The correct protocol is searched exhaustively: no invariant is violated,
+//!   every witness is reached, and the number of distinct states is pinned (it
+//!   is also the number TLC reports for `AwaStagedFollowUps.cfg`).
+//! - Each seeded bug is searched exhaustively: exactly its named invariant is
+//!   violated. Its shortest counterexample (what TLC's breadth-first search
+//!   reports) is found by iterative deepening and printed.
+//! - The `.tla` and `.cfg` files still name the twin's actions, invariants,
+//!   witnesses, variants and constants.
+//!
+//! Run with `cargo test -p awa-correctness -- --nocapture` to see the counts and
+//! counterexamples.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use awa_correctness::staged_follow_ups::{
+    Action, State, ACTIONS, DEADLOCK_FREE, INVARIANTS, WITNESSES,
+};
+use awa_correctness::{AwaStagedFollowUps, Variant};
+use stateright::{Checker, HasDiscoveries, Model, Path};
+
+/// Distinct states of the correct protocol with the `.cfg` constants. TLC's
+/// "distinct states found" for `AwaStagedFollowUps.cfg` must be the same
+/// number; if a change to the model moves it, update it here and in the README.
+const POSITIVE_DISTINCT_STATES: usize = 132_721;
+
+/// The same with `MaxFinalizeTries = 3`, the engine's limit (ignored test).
+const POSITIVE_DISTINCT_STATES_THREE_TRIES: usize = 313_585;
+
+/// Length (number of actions) of each seeded bug's shortest counterexample.
+fn shortest_counterexample_len(variant: Variant) -> usize {
+    match variant {
+        Variant::Correct => unreachable!(),
+        Variant::InsertBeforeCompletion => 2,
+        Variant::InsertAfterCompletion => 4,
+        Variant::CompleteWithoutLeaseGuard => 5,
+        Variant::DrainOnFirstAttempt => 5,
+        Variant::BatchedPath => 4,
+    }
+}
+
+struct Outcome {
+    distinct: usize,
+    generated: usize,
+    max_depth: usize,
+    done: bool,
+    discoveries: HashMap<&'static str, Path<State, Action>>,
+    seconds: f64,
+}
+
+fn check_exhaustively(model: AwaStagedFollowUps) -> Outcome {
+    let start = Instant::now();
+    let checker = model.checker().threads(1).spawn_bfs().join();
+    Outcome {
+        distinct: checker.unique_state_count(),
+        generated: checker.state_count(),
+        max_depth: checker.max_depth(),
+        done: checker.is_done(),
+        discoveries: checker.discoveries(),
+        seconds: start.elapsed().as_secs_f64(),
+    }
+}
+
+fn violated(outcome: &Outcome) -> BTreeSet<&'static str> {
+    INVARIANTS
+        .into_iter()
+        .filter(|name| outcome.discoveries.contains_key(name))
+        .collect()
+}
+
+fn holds(name: &str, s: &State) -> bool {
+    match name {
+        "FollowUpTracesToCommit" => s.follow_up_traces_to_commit(),
+        "AtMostOneRowPerKey" => s.at_most_one_row_per_key(),
+        "CompletionHasFollowUp" => s.completion_has_follow_up(),
+        "OnlyCurrentLeaseCompletes" => s.only_current_lease_completes(),
+        other => panic!("unknown invariant {other}"),
+    }
+}
+
+/// The shortest path to a state violating `invariant`, by breadth-first
+/// searches bounded at increasing depths.
+fn shortest_counterexample(variant: Variant, invariant: &'static str) -> Path<State, Action> {
+    for depth in 2..=64 {
+        let checker = AwaStagedFollowUps::new(variant)
+            .checker()
+            .threads(1)
+            .target_max_depth(depth)
+            .finish_when(HasDiscoveries::AnyOf([invariant].into_iter().collect()))
+            .spawn_bfs()
+            .join();
+        if let Some(path) = checker.discovery(invariant) {
+            return path;
+        }
+    }
+    panic!("{}: no counterexample within 64 steps", variant.name());
+}
+
+fn render(path: &Path<State, Action>) -> String {
+    path.clone()
+        .into_actions()
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("  {:>2}. {a:?}\n", i + 1))
+        .collect()
+}
+
+fn check_positive(model: AwaStagedFollowUps, expected_distinct: usize) {
+    let outcome = check_exhaustively(model);
+    println!(
+        "Correct (MaxFinalizeTries = {}): {} distinct states ({} generated, depth {}) in {:.2}s",
+        model.max_finalize_tries,
+        outcome.distinct,
+        outcome.generated,
+        outcome.max_depth,
+        outcome.seconds
+    );
+    for name in INVARIANTS.into_iter().chain([DEADLOCK_FREE]) {
+        if let Some(path) = outcome.discoveries.get(name) {
+            panic!("Correct violates {name}:\n{}", render(path));
+        }
+    }
+    assert!(outcome.done, "the search did not finish");
+    for name in WITNESSES {
+        assert!(
+            outcome.discoveries.contains_key(name),
+            "Correct never reaches {name}: the invariants may pass vacuously"
+        );
+    }
+    assert_eq!(
+        outcome.distinct, expected_distinct,
+        "the correct protocol's state space changed; update the pinned count, \
+         AwaStagedFollowUps.cfg and correctness/README.md, and keep \
+         AwaStagedFollowUps.tla in step"
+    );
+}
+
+#[test]
+fn correct_protocol_satisfies_every_invariant_exhaustively() {
+    check_positive(
+        AwaStagedFollowUps::new(Variant::Correct),
+        POSITIVE_DISTINCT_STATES,
+    );
+}
+
+/// The engine's retry limit. About three times the states and time of the CI
+/// configuration; run with `cargo test -p awa-correctness -- --ignored`.
+#[test]
+#[ignore = "slow: the CI configuration uses MaxFinalizeTries = 2"]
+fn correct_protocol_with_three_finalize_tries() {
+    check_positive(
+        AwaStagedFollowUps {
+            max_finalize_tries: 3,
+            ..AwaStagedFollowUps::new(Variant::Correct)
+        },
+        POSITIVE_DISTINCT_STATES_THREE_TRIES,
+    );
+}
+
+fn check_negative(variant: Variant) {
+    let expected = variant.expected_violation().expect("a seeded bug");
+    let outcome = check_exhaustively(AwaStagedFollowUps::new(variant));
+    let violated = violated(&outcome);
+    println!(
+        "{}: {} distinct states ({} generated) in {:.2}s; violates {:?}",
+        variant.name(),
+        outcome.distinct,
+        outcome.generated,
+        outcome.seconds,
+        violated
+    );
+    assert_eq!(
+        violated,
+        BTreeSet::from([expected]),
+        "{} must violate exactly {expected}",
+        variant.name()
+    );
+    let any = &outcome.discoveries[expected];
+    assert!(
+        outcome.done,
+        "{}: the search did not finish",
+        variant.name()
+    );
+    if let Some(path) = outcome.discoveries.get(DEADLOCK_FREE) {
+        panic!("{} deadlocks:\n{}", variant.name(), render(path));
+    }
+    assert!(!holds(expected, any.last_state()));
+
+    let path = shortest_counterexample(variant, expected);
+    println!(
+        "{} violates {expected}; shortest counterexample:\n{}",
+        variant.name(),
+        render(&path)
+    );
+    assert!(!holds(expected, path.last_state()));
+    assert_eq!(
+        path.clone().into_actions().len(),
+        shortest_counterexample_len(variant),
+        "{}: the shortest counterexample changed length",
+        variant.name()
+    );
+}
+
+#[test]
+fn insert_before_completion_violates_follow_up_traces_to_commit() {
+    check_negative(Variant::InsertBeforeCompletion);
+}
+
+#[test]
+fn insert_after_completion_violates_completion_has_follow_up() {
+    check_negative(Variant::InsertAfterCompletion);
+}
+
+#[test]
+fn complete_without_lease_guard_violates_only_current_lease_completes() {
+    check_negative(Variant::CompleteWithoutLeaseGuard);
+}
+
+#[test]
+fn drain_on_first_attempt_violates_completion_has_follow_up() {
+    check_negative(Variant::DrainOnFirstAttempt);
+}
+
+#[test]
+fn batched_path_violates_completion_has_follow_up() {
+    check_negative(Variant::BatchedPath);
+}
+
+// ---------------------------------------------------------------------------
+// The TLA+ files stay in step with the twin.
+
+fn storage_file(name: &str) -> String {
+    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "storage", name]
+        .iter()
+        .collect();
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The definitions (`Name ==` or `Name(args) ==` at the start of a line).
+fn tla_definitions(tla: &str) -> BTreeSet<String> {
+    tla.lines()
+        .filter(|line| line.contains("=="))
+        .filter_map(|line| {
+            let name: String = line
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            (!name.is_empty()).then_some(name)
+        })
+        .collect()
+}
+
+#[test]
+fn tla_module_defines_every_twin_name() {
+    let tla = storage_file("AwaStagedFollowUps.tla");
+    let defined = tla_definitions(&tla);
+    for name in ACTIONS.iter().chain(&INVARIANTS).chain(&WITNESSES) {
+        assert!(
+            defined.contains(*name),
+            "AwaStagedFollowUps.tla does not define {name}"
+        );
+    }
+    for variant in Variant::ALL {
+        assert!(
+            tla.contains(&format!("\"{}\"", variant.name())),
+            "AwaStagedFollowUps.tla does not list variant {}",
+            variant.name()
+        );
+    }
+    assert!(tla.contains("MODULE AwaStagedFollowUps"));
+}
+
+#[test]
+fn cfg_files_match_the_twin() {
+    let model = AwaStagedFollowUps::new(Variant::Correct);
+    for variant in Variant::ALL {
+        let cfg = storage_file(variant.cfg_file());
+        let has = |needle: &str| cfg.lines().any(|line| line.trim() == needle);
+        let file = variant.cfg_file();
+        assert!(
+            has(&format!("Variant = \"{}\"", variant.name())),
+            "{file}: Variant"
+        );
+        assert!(has("Jobs = {1, 2}") && model.jobs == 2, "{file}: Jobs");
+        assert!(
+            has("Keys = {\"k1\", \"k2\"}") && model.keys == 2,
+            "{file}: Keys"
+        );
+        assert!(
+            has(&format!("MaxAttempts = {}", model.max_attempts)),
+            "{file}: MaxAttempts"
+        );
+        assert!(
+            has(&format!("MaxFinalizeTries = {}", model.max_finalize_tries)),
+            "{file}: MaxFinalizeTries"
+        );
+        assert!(has("SPECIFICATION Spec"), "{file}: SPECIFICATION");
+        for name in INVARIANTS.iter().chain(&["TypeOK"]) {
+            assert!(has(name), "{file}: does not check {name}");
+        }
+        let expectation = match variant.expected_violation() {
+            None => "\\* Expected: no invariant is violated.".to_string(),
+            Some(name) => format!("\\* Expected to violate: {name}"),
+        };
+        assert!(has(&expectation), "{file}: missing `{expectation}`");
+    }
+}

@@ -1,0 +1,59 @@
+"""Awa: a Postgres-native background job queue with a Rust core.
+
+The public API is this package's ``__all__``; the native module ``awa._awa`` is private.
+"""
+
+from __future__ import annotations
+
+import atexit as _atexit
+
+from . import _awa
+from ._awa import (
+    AwaError,
+    CallbackNotFound,
+    DatabaseError,
+    JobNotFound,
+    SchemaNotMigrated,
+    SerializationError,
+    StagingError,
+    TerminalError,
+    UniqueConflict,
+    UnknownJobKind,
+    ValidationError,
+)
+from ._client import AsyncClient, Client, SyncTransaction, Transaction
+from ._convert import derive_kind
+from ._job import Job
+from ._outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
+from ._states import DEFAULT_UNIQUE_STATES, JobState, unique_states
+
+# Registered first, so it runs last (atexit is LIFO): after every client has closed its pool,
+# give runtime threads a moment to leave Python before the interpreter finalizes.
+_atexit.register(lambda: _awa.quiesce(50))
+
+__all__ = [
+    "AsyncClient",
+    "AwaError",
+    "Cancel",
+    "CallbackNotFound",
+    "Client",
+    "DEFAULT_UNIQUE_STATES",
+    "DatabaseError",
+    "Job",
+    "JobNotFound",
+    "JobState",
+    "RetryAfter",
+    "SchemaNotMigrated",
+    "SerializationError",
+    "Snooze",
+    "StagingError",
+    "SyncTransaction",
+    "TerminalError",
+    "Transaction",
+    "UniqueConflict",
+    "UnknownJobKind",
+    "ValidationError",
+    "WaitForCallback",
+    "derive_kind",
+    "unique_states",
+]

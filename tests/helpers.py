@@ -1,0 +1,42 @@
+"""Shared helpers for the worker tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable
+
+import awa
+
+FAST = dict(
+    poll_interval_ms=50,
+    heartbeat_interval_ms=100,
+    heartbeat_staleness_ms=800,
+    heartbeat_rescue_interval_ms=100,
+    deadline_rescue_interval_ms=100,
+    callback_rescue_interval_ms=100,
+    promote_interval_ms=50,
+    leader_election_interval_ms=200,
+)
+
+
+async def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll an async or sync predicate until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def wait_for_state(client: awa.AsyncClient, job_id: int, *states: str, timeout: float = 10.0) -> awa.Job:
+    async def check() -> Any:
+        job = await client.get_job(job_id)
+        return job if job.state in states else None
+
+    return await wait_for(check, timeout, f"job {job_id} in {states}")
