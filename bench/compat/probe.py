@@ -40,6 +40,7 @@ import inspect
 import json
 import math
 import os
+import re
 import sys
 import time
 import traceback
@@ -64,10 +65,14 @@ def tname(value: Any) -> str:
     return "None" if value is None else type(value).__name__
 
 
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def describe_error(exc: BaseException) -> dict[str, Any]:
-    """The exception class, its hierarchy up to ``Exception`` and a short message."""
+    """The exception class, its hierarchy up to ``Exception`` and a short message (callback
+    ids in it replaced by ``<uuid>``, so that two runs give the same text)."""
     mro = [c.__name__ for c in type(exc).__mro__ if c not in (object, BaseException)]
-    return {"raises": type(exc).__name__, "mro": mro, "message": str(exc)[:300]}
+    return {"raises": type(exc).__name__, "mro": mro, "message": _UUID.sub("<uuid>", str(exc))[:300]}
 
 
 def state_name(state: Any) -> Any:
