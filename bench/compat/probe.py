@@ -791,9 +791,16 @@ async def _row(ctx: Ctx, sql: str, *args: Any) -> tuple[dict[str, Any], Any]:
 async def _(ctx: Ctx) -> Any:
     """The stored unique key for fixed inputs (issue 13 item 6: both must compute the same bytes)."""
     out: dict[str, Any] = {}
-    for label, opts in (("by_args", {"by_args": True}), ("by_queue_args", {"by_queue": True, "by_args": True}),
-                        ("kind_only", {})):
-        o, job = await call(ctx.client.insert, UniqueArgs(key=f"kb-{label}"), queue="uq", unique_opts=opts)
+    cases: list[tuple[str, dict[str, Any], Any]] = [
+        ("by_args", {"by_args": True}, None),
+        ("by_queue_args", {"by_queue": True, "by_args": True}, None),
+        ("kind_only", {}, None),
+        # A fixed run_at makes the period bucket deterministic: 4070908800 // 3600 = 1130808.
+        ("by_period_no_args", {"by_args": False, "by_period": 3600}, FUTURE),
+    ]
+    for label, opts, run_at in cases:
+        o, job = await call(ctx.client.insert, UniqueArgs(key=f"kb-{label}"), queue="uq", unique_opts=opts,
+                            run_at=run_at)
         if job is None:
             out[label] = o
             continue
