@@ -60,6 +60,9 @@ class Flavour:
     jobs_api = "insert_many_copy"  # returns the inserted Jobs
     setup_api = "enqueue_many_copy"
 
+    def queues(self, workers: int) -> list[Any]:
+        return [(QUEUE, workers)]
+
     async def stage(self, client: Any, job: Any) -> None:
         job.enqueue_on_completion(FollowUp(i=job.args.i), kind="follow_up", queue=FOLLOW_UP_QUEUE, unique_opts={})
 
@@ -83,7 +86,17 @@ class AwaPg(Flavour):
     # compatibility insert surface for canonical-storage" and returns the Jobs.
     count_api = "enqueue_many_copy"
     jobs_api = "insert_many_copy"
-    setup_api = "insert_many_copy"  # the drain runs on the canonical engine
+    # The drains' backlog: the canonical engine's COPY, or queue storage's (the orchestrator
+    # drains awa-pg on the canonical engine; queue storage only in probes).
+    setup_api = "enqueue_many_copy" if engine == "queue_storage" else "insert_many_copy"
+    # Probe knob (not used by the orchestrator): AWA_PG_CLAIMERS=N adds awa-pg's documented
+    # `claimers` queue option ("for hot queue-storage queues ... benchmark 2 or 4").
+    claimers = int(os.environ.get("AWA_PG_CLAIMERS", "0"))
+
+    def queues(self, workers: int) -> list[Any]:
+        if self.claimers:
+            return [{"name": QUEUE, "max_workers": workers, "claimers": self.claimers}]
+        return [(QUEUE, workers)]
 
     async def stage(self, client: Any, job: Any) -> None:
         # awa-pg 0.6.9 has no handler-staged follow-ups: the handler inserts the follow-up
@@ -198,7 +211,7 @@ async def _drain(flavour: Flavour, args: Any, staging: bool) -> dict[str, Any]:
         return int(row["n"])
 
     t0 = time.perf_counter()
-    await client.start([(QUEUE, args.workers)], poll_interval_ms=args.poll_ms)
+    await client.start(flavour.queues(args.workers), poll_interval_ms=args.poll_ms)
     polls = await wait_drained(handled, args.jobs, pending, args.timeout_s)
     seconds = time.perf_counter() - t0
     await client.shutdown()
@@ -209,7 +222,7 @@ async def _drain(flavour: Flavour, args: Any, staging: bool) -> dict[str, Any]:
         "seconds": seconds,
         "jobs_per_s": args.jobs / seconds,
         "own_txns": polls,
-        "settings": f"start([('{QUEUE}', {args.workers})], poll_interval_ms={args.poll_ms}), "
+        "settings": f"start({flavour.queues(args.workers)!r}, poll_interval_ms={args.poll_ms}), "
         f"AsyncClient(max_connections={flavour.pool_size})"
         + (f", engine={flavour.engine}" if flavour.name == "awa-pg" else ""),
     }
@@ -251,7 +264,7 @@ async def latency(flavour: Flavour, args: Any) -> dict[str, Any]:
     async def tick(job: Any) -> None:
         started[job.args.i] = time.perf_counter()
 
-    await client.start([(QUEUE, args.workers)], poll_interval_ms=args.poll_ms)
+    await client.start(flavour.queues(args.workers), poll_interval_ms=args.poll_ms)
     await client.insert(Tick(i=-1), queue="warmup")  # warm the producer's connection
     await asyncio.sleep(1.5)  # let the worker go idle
     result = await pace_inserts(
