@@ -712,6 +712,11 @@ def main() -> None:
     print(f"==> {meta['machine']}; PostgreSQL {meta['postgres']['version']}; {rounds} round(s); "
           f"commit {meta['git']['commit'][:12]}{' (dirty)' if meta['git']['dirty'] else ''}", flush=True)
 
+    if meta["git"]["dirty"] and not args.quick:
+        print(f"==> WARNING: {meta['git']['dirty_files']} tracked file(s) differ from HEAD: the report will say "
+              "'plus uncommitted changes'; commit first for a report that names exactly what it measured",
+              flush=True)
+
     runs: list[dict[str, Any]] = []
     pid = os.getpid()
     for rnd in range(1, rounds + 1):
