@@ -1,20 +1,34 @@
 #!/usr/bin/env bash
 # The benchmark, one command, from the repository root:
 #
-#   bash bench/run.sh            # full run: the issue's sizes, 3 interleaved rounds (~20-30 min)
-#   bash bench/run.sh --quick    # smoke run: small sizes, 1 round (~2-3 min)
+#   bash bench/run.sh            # full run: the issue's sizes, 3 interleaved rounds (~30-40 min
+#                                # on 2 cores, plus ~10 min of release builds the first time)
+#   bash bench/run.sh --quick    # smoke run: small sizes, 1 round (~3-4 min warm)
+#
+# Outputs, written together by one run (the report is generated whole from the JSON):
+#   full:    docs/benchmarks.json (every run), docs/benchmarks.md (the report), docs/benchmarks.png
+#            -- commit the three together; the report names the commit measured (git rev-parse
+#            HEAD) and says "plus uncommitted changes" when the tree was dirty, so run it on a
+#            clean checkout.
+#   --quick: bench/results/quick.{json,md,png} (git-ignored), marked QUICK RUN: a smoke run
+#            never touches the committed evidence.
+#   logs:    bench/results/{full,quick}.log (every adapter's output; git-ignored).
+# Re-render without measuring: python3 bench/orchestrate.py --render docs/benchmarks.json
+# Check the committed report matches its JSON: python3 bench/orchestrate.py --check
 #
 # It prepares everything it needs, then runs bench/orchestrate.py:
 #   1. a virtualenv per system under bench/.venvs/ (git-ignored), installed from PyPI:
 #      awa-pg 0.6.9, pgqueuer (+ asyncpg, uvloop), procrastinate (+ psycopg 3 with its pool),
 #      and one with matplotlib for the chart;
 #   2. our wheel, built in release mode from this checkout, in bench/.venvs/awa;
-#   3. the Rust bench binary (bench/rust, its own workspace), release mode.
+#   3. the Rust bench binary (bench/rust, its own workspace), release mode, in
+#      AWA_BENCH_TARGET_DIR (default ~/.cache/awa-target-bench).
 # Database: DATABASE_URL if set, else 127.0.0.1:5432 (user postgres), else a private throwaway
 # cluster (see scripts/lib.sh). Every run gets a fresh database, dropped afterwards.
 #
 # Other options are passed to bench/orchestrate.py (see --help there), e.g.
 #   --rounds 5  --systems awa,pgqueuer  --workloads drain,latency  --drain-jobs 5000
+#   --floor-sweep 64x2p,256x4p
 # and --no-build skips steps 2-3 (reuse the last wheel and binary).
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/../scripts/lib.sh"
 BENCH="$ROOT/bench"
@@ -33,7 +47,7 @@ PASS=()
 for a in "$@"; do
     case "$a" in
         --no-build) BUILD=0 ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
         *) PASS+=("$a") ;;
     esac
 done
@@ -66,12 +80,12 @@ ensure_system_venv plot "$PLOT_REQ"
 ensure_system_venv awa "$UVLOOP_REQ"  # our wheel is added below
 
 if [ "$BUILD" = 1 ]; then
-    log "building our wheel (release)"
+    log "building our wheel (release; a few minutes on a cold cache, seconds when warm)"
     rm -rf "$BENCH/.wheel"
     (cd "$ROOT" && "$VENV/bin/maturin" build --quiet --release --out bench/.wheel >&2)
     "$VENVS/awa/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
         "$(ls "$BENCH"/.wheel/awa_queue-*.whl | head -n1)"
-    log "building the Rust bench binary (release)"
+    log "building the Rust bench binary (release, $BENCH_TARGET; a few minutes on a cold cache)"
     CARGO_TARGET_DIR="$BENCH_TARGET" cargo build --quiet --release --manifest-path "$BENCH/rust/Cargo.toml"
 fi
 

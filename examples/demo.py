@@ -3,6 +3,12 @@
 Stage A resolves an order to the item it needs (a value computed at run time) and stages a
 stage-B job for that item. B is inserted only if A's completion commits, and B's unique key
 makes it run once per distinct item however many A jobs resolve to it.
+
+Every demo run carries a fresh run id in its args. A unique key covers the job's kind and args
+and, by default, holds in every state up to ``completed``: without the run id, a second demo
+run's B jobs would match the first run's completed ones and be skipped without a word. The run
+id makes every run do the whole pipeline again, and the summary line says how many staged B
+jobs the unique key skipped within the run.
 """
 
 from __future__ import annotations
@@ -41,12 +47,14 @@ async def main() -> None:
     client = awa.AsyncClient(url)
     await client.migrate()
     built: list[int] = []
+    staged = [0]
 
     @client.task(ResolveItem, queue="demo")
     async def resolve(job: awa.Job) -> None:
         await asyncio.sleep(0.01)  # pretend to look the order up
         item_id = CATALOGUE[job.args.order_id]
         print(f"  A  order {job.args.order_id} -> item {item_id}  (job {job.id})")
+        staged[0] += 1
         job.enqueue_on_completion(
             BuildItem(run=job.args.run, item_id=item_id),
             queue="demo",
@@ -76,8 +84,12 @@ async def main() -> None:
         await client.shutdown()
     distinct = sorted(set(CATALOGUE.values()))
     once = sorted(built) == distinct
+    inserted = len([j for j in await client.list_jobs(queue="demo", limit=1000)
+                    if j.kind == "build_item" and j.args.get("run") == run])
     print(f"done in {time.monotonic() - started:.2f}s: {len(CATALOGUE)} A jobs completed; "
-          f"B ran for items {sorted(built)}: {'once per distinct item' if once else 'NOT once per item'}")
+          f"A staged {staged[0]} B jobs: {inserted} inserted, {staged[0] - inserted} skipped by B's unique key "
+          f"(same item, same run); B ran for items {sorted(built)}: "
+          f"{'once per distinct item' if once else 'NOT once per item'}")
     if not once:
         raise SystemExit(1)
     await client.close()

@@ -2,7 +2,8 @@
 # - ensure_venv: a project-local virtualenv with maturin and the test dependencies.
 # - ensure_database: exports DATABASE_URL: the caller's, else 127.0.0.1:5432, else a private
 #   throwaway cluster in .pgdata/ (stopped on exit), else says what to install.
-# - build_wheel: builds the abi3 wheel into dist/ and installs it into the virtualenv.
+# - build_wheel: builds the abi3 wheel into dist/ (maturin, showing cargo's progress) and
+#   installs it into the virtualenv. Cargo's cache: CARGO_TARGET_DIR, default ~/.cache/awa-target.
 
 set -euo pipefail
 
@@ -93,11 +94,17 @@ MSG
 }
 
 build_wheel() { # $1 = extra maturin flags (e.g. --release)
-    log "building the wheel"
+    # maturin's and cargo's own progress stays visible (one "Compiling ..." line per crate), so
+    # a cold build shows what it is doing instead of sitting silent.
+    local mode="debug"
+    case " ${1:-} " in *" --release "*) mode="release" ;; esac
+    log "building the wheel with maturin ($mode; cargo cache: $CARGO_TARGET_DIR)"
+    log "  a cold cache compiles ~130 crates: a few minutes on 2 cores; a warm one takes seconds"
     rm -rf "$ROOT/dist"
-    (cd "$ROOT" && "$VENV/bin/maturin" build --quiet ${1:-} --out dist >&2)
+    (cd "$ROOT" && "$VENV/bin/maturin" build ${1:-} --out dist >&2)
     local wheel
     wheel="$(ls "$ROOT"/dist/awa_queue-*.whl | head -n1)"
+    log "installing $(basename "$wheel") into $VENV"
     "$PY" -m pip install --quiet --force-reinstall --no-deps "$wheel"
     export AWA_WHEEL="$wheel"
 }

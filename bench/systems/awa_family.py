@@ -13,8 +13,15 @@ import time
 from typing import Any
 
 import awa  # the one installed in the running virtualenv
-
-from common import FOLLOW_UP_QUEUE, QUEUE, Workload, pace_inserts, psql, psql_int, wait_drained
+from common import (
+    FOLLOW_UP_QUEUE,
+    QUEUE,
+    Workload,
+    pace_inserts,
+    psql,
+    psql_int,
+    wait_drained,
+)
 
 PENDING_STATES = "('available', 'running', 'scheduled', 'retryable')"
 
@@ -48,15 +55,13 @@ class Flavour:
     async def prepare_schema(self, client: Any) -> None:
         await client.migrate()
 
-    def bulk_api(self, client: Any) -> str:
-        # Our fastest bulk path: a COPY-based call if the package has one, else insert_many.
-        for name in ("enqueue_many_copy", "insert_many_copy", "insert_many"):
-            if hasattr(client, name):
-                return name
-        raise RuntimeError("no bulk insert API")
+    # The bulk calls, one per shape of result: ours, both COPY-based (docs: README "Inserting").
+    count_api = "enqueue_many_copy"  # returns how many rows were written
+    jobs_api = "insert_many_copy"  # returns the inserted Jobs
+    setup_api = "enqueue_many_copy"
 
-    async def bulk_insert(self, client: Any, items: list[Any]) -> None:
-        await getattr(client, self.bulk_api(client))(items, queue=QUEUE)
+    def queues(self, workers: int) -> list[Any]:
+        return [(QUEUE, workers)]
 
     async def stage(self, client: Any, job: Any) -> None:
         job.enqueue_on_completion(FollowUp(i=job.args.i), kind="follow_up", queue=FOLLOW_UP_QUEUE, unique_opts={})
@@ -76,8 +81,22 @@ class AwaPg(Flavour):
             # activate it explicitly so its COPY ingestion (enqueue_many_copy) is available.
             await client.install_queue_storage()
 
-    def bulk_api(self, client: Any) -> str:
-        return "enqueue_many_copy" if self.engine == "queue_storage" else "insert_many_copy"
+    # awa-pg 0.6.9's README ("COPY ingestion"): enqueue_many_copy streams into queue storage
+    # and returns a count (so it needs the queue-storage engine); insert_many_copy is "the
+    # compatibility insert surface for canonical-storage" and returns the Jobs.
+    count_api = "enqueue_many_copy"
+    jobs_api = "insert_many_copy"
+    # The drains' backlog: the canonical engine's COPY, or queue storage's (the orchestrator
+    # drains awa-pg on the canonical engine; queue storage only in probes).
+    setup_api = "enqueue_many_copy" if engine == "queue_storage" else "insert_many_copy"
+    # Probe knob (not used by the orchestrator): AWA_PG_CLAIMERS=N adds awa-pg's documented
+    # `claimers` queue option ("for hot queue-storage queues ... benchmark 2 or 4").
+    claimers = int(os.environ.get("AWA_PG_CLAIMERS", "0"))
+
+    def queues(self, workers: int) -> list[Any]:
+        if self.claimers:
+            return [{"name": QUEUE, "max_workers": workers, "claimers": self.claimers}]
+        return [(QUEUE, workers)]
 
     async def stage(self, client: Any, job: Any) -> None:
         # awa-pg 0.6.9 has no handler-staged follow-ups: the handler inserts the follow-up
@@ -103,7 +122,9 @@ async def _schema(flavour: Flavour, url: str, items: list[Any] | None = None) ->
     client = awa.AsyncClient(url, max_connections=4)
     await flavour.prepare_schema(client)
     if items:
-        await flavour.bulk_insert(client, items)
+        # The drains' backlog (not timed): each package's bulk call that works on the engine
+        # its drain runs on.
+        await getattr(client, flavour.setup_api)(items, queue=QUEUE)
     await client.close()
 
 
@@ -130,16 +151,30 @@ async def enqueue_single(flavour: Flavour, args: Any) -> dict[str, Any]:
     return {"jobs": args.jobs, "seconds": seconds, "jobs_per_s": args.jobs / seconds, "api": "insert"}
 
 
-async def enqueue_bulk(flavour: Flavour, args: Any) -> dict[str, Any]:
+async def _enqueue_bulk(flavour: Flavour, args: Any, api: str, want_jobs: bool) -> dict[str, Any]:
     client = awa.AsyncClient(args.url, max_connections=4)
     await client.insert(Noop(i=-1), queue="warmup")
     items = [Noop(i=i) for i in range(args.jobs)]
+    call = getattr(client, api)
     t0 = time.perf_counter()
-    await flavour.bulk_insert(client, items)
+    out = await call(items, queue=QUEUE)
     seconds = time.perf_counter() - t0
-    api = flavour.bulk_api(client)
     await client.close()
-    return {"jobs": args.jobs, "seconds": seconds, "jobs_per_s": args.jobs / seconds, "api": api}
+    got = len(out) if want_jobs else int(out)
+    if got != args.jobs:
+        raise RuntimeError(f"{api} reported {got} of {args.jobs} jobs")
+    if want_jobs and not all(hasattr(j, "id") for j in out):
+        raise RuntimeError(f"{api} did not return Job objects")
+    return {"jobs": args.jobs, "seconds": seconds, "jobs_per_s": args.jobs / seconds, "api": api,
+            "returns": "Jobs" if want_jobs else "a count"}
+
+
+async def enqueue_bulk_count(flavour: Flavour, args: Any) -> dict[str, Any]:
+    return await _enqueue_bulk(flavour, args, flavour.count_api, want_jobs=False)
+
+
+async def enqueue_bulk_jobs(flavour: Flavour, args: Any) -> dict[str, Any]:
+    return await _enqueue_bulk(flavour, args, flavour.jobs_api, want_jobs=True)
 
 
 async def verify_bulk(flavour: Flavour, args: Any) -> dict[str, Any]:
@@ -176,7 +211,7 @@ async def _drain(flavour: Flavour, args: Any, staging: bool) -> dict[str, Any]:
         return int(row["n"])
 
     t0 = time.perf_counter()
-    await client.start([(QUEUE, args.workers)], poll_interval_ms=args.poll_ms)
+    await client.start(flavour.queues(args.workers), poll_interval_ms=args.poll_ms)
     polls = await wait_drained(handled, args.jobs, pending, args.timeout_s)
     seconds = time.perf_counter() - t0
     await client.shutdown()
@@ -187,7 +222,7 @@ async def _drain(flavour: Flavour, args: Any, staging: bool) -> dict[str, Any]:
         "seconds": seconds,
         "jobs_per_s": args.jobs / seconds,
         "own_txns": polls,
-        "settings": f"start([('{QUEUE}', {args.workers})], poll_interval_ms={args.poll_ms}), "
+        "settings": f"start({flavour.queues(args.workers)!r}, poll_interval_ms={args.poll_ms}), "
         f"AsyncClient(max_connections={flavour.pool_size})"
         + (f", engine={flavour.engine}" if flavour.name == "awa-pg" else ""),
     }
@@ -229,7 +264,7 @@ async def latency(flavour: Flavour, args: Any) -> dict[str, Any]:
     async def tick(job: Any) -> None:
         started[job.args.i] = time.perf_counter()
 
-    await client.start([(QUEUE, args.workers)], poll_interval_ms=args.poll_ms)
+    await client.start(flavour.queues(args.workers), poll_interval_ms=args.poll_ms)
     await client.insert(Tick(i=-1), queue="warmup")  # warm the producer's connection
     await asyncio.sleep(1.5)  # let the worker go idle
     result = await pace_inserts(
@@ -247,7 +282,8 @@ def workloads(flavour: Flavour) -> dict[str, Workload]:
 
     return {
         "enqueue_single": Workload(bind(enqueue_single), setup=bind(setup_schema)),
-        "enqueue_bulk": Workload(bind(enqueue_bulk), setup=bind(setup_schema), verify=bind(verify_bulk)),
+        "enqueue_bulk_count": Workload(bind(enqueue_bulk_count), setup=bind(setup_schema), verify=bind(verify_bulk)),
+        "enqueue_bulk_jobs": Workload(bind(enqueue_bulk_jobs), setup=bind(setup_schema), verify=bind(verify_bulk)),
         "drain": Workload(bind(drain), setup=bind(setup_noop_jobs), verify=bind(verify_drain)),
         "latency": Workload(bind(latency), setup=bind(setup_schema)),
         "staging": Workload(bind(staging), setup=bind(setup_stage_jobs), verify=bind(verify_staging)),

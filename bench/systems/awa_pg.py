@@ -5,8 +5,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import awa_family  # noqa: E402
-from common import main  # noqa: E402
+import awa_family
+from common import main
 
 FLAVOUR = awa_family.AwaPg()
 

@@ -23,17 +23,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 RESULT_PREFIX = "BENCH_RESULT "
 QUEUE = "bench"
 FOLLOW_UP_QUEUE = "bench_followups"
-WORKLOADS = ("enqueue_single", "enqueue_bulk", "drain", "latency", "staging")
+WORKLOADS = ("enqueue_single", "enqueue_bulk_count", "enqueue_bulk_jobs", "drain", "latency", "staging")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -24,13 +24,12 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("PGQUEUER_DURABILITY", "balanced")
 
-import asyncpg  # noqa: E402
-from pgqueuer import PgQueuer  # noqa: E402
-from pgqueuer.db import AsyncpgDriver, AsyncpgPoolDriver  # noqa: E402
-from pgqueuer.models import Job  # noqa: E402
-from pgqueuer.queries import Queries  # noqa: E402
-
-from common import Workload, main, pace_inserts, psql, psql_int, wait_drained  # noqa: E402
+import asyncpg
+from common import Workload, main, pace_inserts, psql, psql_int, wait_drained
+from pgqueuer import PgQueuer
+from pgqueuer.db import AsyncpgDriver, AsyncpgPoolDriver
+from pgqueuer.models import Job
+from pgqueuer.queries import Queries
 
 NOOP = "noop"
 STAGE = "stage_job"
@@ -94,7 +93,7 @@ async def enqueue_bulk(args: Any) -> dict[str, Any]:
     await q.enqueue(entrypoints, payloads, priorities)
     seconds = time.perf_counter() - t0
     await conn.close()
-    return {"jobs": n, "seconds": seconds, "jobs_per_s": n / seconds, "api": "Queries.enqueue(list)"}
+    return {"jobs": n, "seconds": seconds, "jobs_per_s": n / seconds, "api": "Queries.enqueue(list)", "returns": "job ids"}
 
 
 async def verify_bulk(args: Any) -> dict[str, Any]:
@@ -219,7 +218,7 @@ if __name__ == "__main__":
     main(
         {
             "enqueue_single": Workload(enqueue_single, setup=setup_schema),
-            "enqueue_bulk": Workload(enqueue_bulk, setup=setup_schema, verify=verify_bulk),
+            "enqueue_bulk_jobs": Workload(enqueue_bulk, setup=setup_schema, verify=verify_bulk),
             "drain": Workload(drain, setup=setup_noop_jobs, verify=verify_drain),
             "latency": Workload(latency, setup=setup_schema),
             "staging": Workload(staging, setup=setup_stage_jobs, verify=verify_staging),

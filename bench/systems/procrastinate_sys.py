@@ -20,10 +20,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import procrastinate  # noqa: E402
-import psycopg  # noqa: E402
-
-from common import (  # noqa: E402
+import procrastinate
+import psycopg
+from common import (
     FOLLOW_UP_QUEUE,
     QUEUE,
     Workload,
@@ -129,7 +128,7 @@ async def enqueue_bulk(args: Any) -> dict[str, Any]:
         t0 = time.perf_counter()
         await tasks.noop.batch_defer_async(*items)
         seconds = time.perf_counter() - t0
-    return {"jobs": args.jobs, "seconds": seconds, "jobs_per_s": args.jobs / seconds, "api": "Task.batch_defer_async"}
+    return {"jobs": args.jobs, "seconds": seconds, "jobs_per_s": args.jobs / seconds, "api": "Task.batch_defer_async", "returns": "job ids"}
 
 
 async def verify_bulk(args: Any) -> dict[str, Any]:
@@ -237,7 +236,7 @@ if __name__ == "__main__":
     main(
         {
             "enqueue_single": Workload(enqueue_single, setup=setup_schema),
-            "enqueue_bulk": Workload(enqueue_bulk, setup=setup_schema, verify=verify_bulk),
+            "enqueue_bulk_jobs": Workload(enqueue_bulk, setup=setup_schema, verify=verify_bulk),
             "drain": Workload(drain, setup=setup_noop_jobs, verify=verify_drain),
             "latency": Workload(latency, setup=setup_schema),
             "staging": Workload(staging, setup=setup_stage_jobs, verify=verify_staging),

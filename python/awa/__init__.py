@@ -6,6 +6,7 @@ The public API is this package's ``__all__``; the native module ``awa._awa`` is 
 from __future__ import annotations
 
 import atexit as _atexit
+from importlib.metadata import version as _distribution_version
 
 from . import _awa
 from ._awa import (
@@ -26,6 +27,8 @@ from ._convert import derive_kind
 from ._job import Job
 from ._outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from ._states import DEFAULT_UNIQUE_STATES, JobState, unique_states
+
+__version__ = _distribution_version("awa-queue")  # the installed distribution's, i.e. pyproject.toml's
 
 # Registered first, so it runs last (atexit is LIFO): after every client has closed its pool,
 # give runtime threads a moment to leave Python before the interpreter finalizes.
@@ -54,6 +57,7 @@ __all__ = [
     "UnknownJobKind",
     "ValidationError",
     "WaitForCallback",
+    "__version__",
     "derive_kind",
     "unique_states",
 ]

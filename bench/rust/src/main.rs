@@ -9,14 +9,19 @@
 //!   nobody works, so the follow-ups stay behind to be counted.
 //! - `enqueue_single`: N single-row inserts (`awa_core::insert`, one commit each) on a pool, one
 //!   after another: the same workload as the Python adapters', without the Python bridge.
-//! - `floor`: no runtime at all: `claim_batch` + `complete_batch` in a tight loop on L
-//!   connections, the rate PostgreSQL allows for our schema and statements on this machine.
+//! - `floor`: no runtime at all: the engine's own `claim_batch` + `complete_batch` statements in
+//!   a tight loop, swept over claim sizes, connection counts and pipelining (`--sweep
+//!   32x2,256x4p,...`), each point on a freshly filled table; the best point is the floor, an
+//!   upper bound on what any runtime can drain with our SQL on this machine.
 //!
-//! Options: `--jobs N --workers W --poll-ms P --batch B --loops L --pool-size S`.
+//! Options: `--jobs N --workers W --poll-ms P --pool-size S --sweep POINTS` (`--batch B --loops L`:
+//! the floor's single point when `--sweep` is not given).
 
 use awa_core::finalizer::batched::complete_batch;
 use awa_core::storage::claim::claim_batch;
-use awa_core::{Client, EnqueueRequest, JobArgs, JobError, JobResult, QueueConfig, RuntimeConfig, UniqueOpts};
+use awa_core::{
+    Client, EnqueueRequest, JobArgs, JobError, JobResult, QueueConfig, RuntimeConfig, UniqueOpts,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sqlx::postgres::PgConnection;
@@ -58,11 +63,14 @@ struct Opts {
     batch: usize,
     loops: usize,
     pool_size: u32,
+    sweep: String,
 }
 
 fn parse_opts() -> Result<Opts, AnyError> {
     let mut args = std::env::args().skip(1);
-    let workload = args.next().ok_or("usage: awa-bench drain|staging|floor|enqueue_single [--phase P] --url URL [--jobs N] ...")?;
+    let workload = args.next().ok_or(
+        "usage: awa-bench drain|staging|floor|enqueue_single [--phase P] --url URL [--jobs N] ...",
+    )?;
     let mut o = Opts {
         workload,
         phase: "all".into(),
@@ -73,6 +81,7 @@ fn parse_opts() -> Result<Opts, AnyError> {
         batch: 32,
         loops: 2,
         pool_size: 20,
+        sweep: String::new(),
     };
     while let Some(flag) = args.next() {
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -85,6 +94,7 @@ fn parse_opts() -> Result<Opts, AnyError> {
             "--batch" => o.batch = value.parse()?,
             "--loops" => o.loops = value.parse()?,
             "--pool-size" => o.pool_size = value.parse()?,
+            "--sweep" => o.sweep = value,
             other => return Err(format!("unknown option {other}").into()),
         }
     }
@@ -98,14 +108,22 @@ fn parse_opts() -> Result<Opts, AnyError> {
 }
 
 /// Migrate and insert `n` jobs (the setup phase, not timed).
-async fn setup<A: JobArgs>(url: &str, n: usize, make: impl Fn(i64) -> A) -> Result<Value, AnyError> {
-    let pool = awa_core::pool_options().max_connections(1).connect(url).await?;
+async fn setup<A: JobArgs>(
+    url: &str,
+    n: usize,
+    make: impl Fn(i64) -> A,
+) -> Result<Value, AnyError> {
+    let pool = awa_core::pool_options()
+        .max_connections(1)
+        .connect(url)
+        .await?;
     awa_core::migrate(&pool).await?;
     let mut next = 0usize;
     while next < n {
         let end = (next + 5_000).min(n);
-        let batch: Vec<EnqueueRequest<A>> =
-            (next..end).map(|i| EnqueueRequest::new(make(i as i64)).queue(QUEUE)).collect();
+        let batch: Vec<EnqueueRequest<A>> = (next..end)
+            .map(|i| EnqueueRequest::new(make(i as i64)).queue(QUEUE))
+            .collect();
         awa_core::insert_many(&pool, batch).await?;
         next = end;
     }
@@ -120,12 +138,21 @@ async fn count(conn: &mut PgConnection, sql: &str) -> Result<i64, AnyError> {
 /// Wait until the handlers ran `n` times (in-process, no queries), then poll the database until
 /// nothing of `queue` is pending. Returns the number of polls (each one transaction) and the
 /// monitor connection.
-async fn wait_drained(url: &str, handled: &AtomicUsize, n: usize, timeout: Duration) -> Result<(i64, PgConnection), AnyError> {
+async fn wait_drained(
+    url: &str,
+    handled: &AtomicUsize,
+    n: usize,
+    timeout: Duration,
+) -> Result<(i64, PgConnection), AnyError> {
     let deadline = Instant::now() + timeout;
     let mut monitor = PgConnection::connect(url).await?;
     while handled.load(Ordering::Relaxed) < n {
         if Instant::now() > deadline {
-            return Err(format!("timed out: {} of {n} jobs handled", handled.load(Ordering::Relaxed)).into());
+            return Err(format!(
+                "timed out: {} of {n} jobs handled",
+                handled.load(Ordering::Relaxed)
+            )
+            .into());
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -146,9 +173,15 @@ async fn wait_drained(url: &str, handled: &AtomicUsize, n: usize, timeout: Durat
 }
 
 fn runtime_config(o: &Opts) -> RuntimeConfig {
-    let mut config = RuntimeConfig { poll_interval: Duration::from_millis(o.poll_ms), ..RuntimeConfig::default() };
+    let mut config = RuntimeConfig {
+        poll_interval: Duration::from_millis(o.poll_ms),
+        ..RuntimeConfig::default()
+    };
     // Probe knob (not used by the orchestrator): AWA_BENCH_FINALIZERS overrides finalizer_concurrency.
-    if let Some(n) = std::env::var("AWA_BENCH_FINALIZERS").ok().and_then(|v| v.parse().ok()) {
+    if let Some(n) = std::env::var("AWA_BENCH_FINALIZERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
         config.finalizer_concurrency = n;
     }
     config
@@ -156,7 +189,10 @@ fn runtime_config(o: &Opts) -> RuntimeConfig {
 
 /// The run phase of `drain` and `staging`.
 async fn drain(o: &Opts, staging: bool) -> Result<Value, AnyError> {
-    let pool = awa_core::pool_options().max_connections(o.pool_size).connect(&o.url).await?;
+    let pool = awa_core::pool_options()
+        .max_connections(o.pool_size)
+        .connect(&o.url)
+        .await?;
     let handled = Arc::new(AtomicUsize::new(0));
     let h = handled.clone();
     let builder = Client::builder(pool.clone())
@@ -167,7 +203,9 @@ async fn drain(o: &Opts, staging: bool) -> Result<Value, AnyError> {
         builder
             .register::<StageJob, _, _>(move |args, ctx| {
                 let staged = ctx.enqueue_on_completion(
-                    EnqueueRequest::new(FollowUp { i: args.i }).queue(FOLLOW_UP_QUEUE).unique(UniqueOpts::default()),
+                    EnqueueRequest::new(FollowUp { i: args.i })
+                        .queue(FOLLOW_UP_QUEUE)
+                        .unique(UniqueOpts::default()),
                 );
                 h.fetch_add(1, Ordering::Relaxed);
                 async move {
@@ -205,8 +243,11 @@ async fn drain(o: &Opts, staging: bool) -> Result<Value, AnyError> {
 /// The verify phase of `drain`, `staging` and `floor`.
 async fn verify(o: &Opts, staging: bool) -> Result<Value, AnyError> {
     let mut conn = PgConnection::connect(&o.url).await?;
-    let completed =
-        count(&mut conn, &format!("SELECT count(*) FROM awa.jobs WHERE queue = '{QUEUE}' AND state = 'completed'")).await?;
+    let completed = count(
+        &mut conn,
+        &format!("SELECT count(*) FROM awa.jobs WHERE queue = '{QUEUE}' AND state = 'completed'"),
+    )
+    .await?;
     let mut out = json!({ "completed": completed });
     if staging {
         let row = sqlx::query(&format!(
@@ -226,12 +267,19 @@ async fn verify(o: &Opts, staging: bool) -> Result<Value, AnyError> {
 
 /// The run phase of `enqueue_single`.
 async fn enqueue_single(o: &Opts) -> Result<Value, AnyError> {
-    let pool = awa_core::pool_options().max_connections(4).connect(&o.url).await?;
+    let pool = awa_core::pool_options()
+        .max_connections(4)
+        .connect(&o.url)
+        .await?;
     // Open the connection (and prepare the statement) outside the clock.
     awa_core::insert(&pool, Noop { i: -1 }).await?;
     let t0 = Instant::now();
     for i in 0..o.jobs {
-        awa_core::insert_with(&pool, EnqueueRequest::new(Noop { i: i as i64 }).queue(QUEUE)).await?;
+        awa_core::insert_with(
+            &pool,
+            EnqueueRequest::new(Noop { i: i as i64 }).queue(QUEUE),
+        )
+        .await?;
     }
     let seconds = t0.elapsed().as_secs_f64();
     pool.close().await;
@@ -243,38 +291,122 @@ async fn enqueue_single(o: &Opts) -> Result<Value, AnyError> {
     }))
 }
 
-/// The run phase of `floor`: claim and complete with our own statements, no runtime around
-/// them, on `loops` connections at once.
-async fn floor(o: &Opts) -> Result<Value, AnyError> {
+/// One point of the floor's sweep: `batch` jobs per claim on `conns` connections, each
+/// connection's loop either waiting for its completion before the next claim (`pipelined`
+/// false) or claiming the next batch while the previous one's completion is in flight
+/// (`pipelined` true: two statements in flight per loop, on two pooled connections).
+#[derive(Clone, Copy)]
+struct FloorPoint {
+    batch: usize,
+    conns: usize,
+    pipelined: bool,
+}
+
+impl FloorPoint {
+    /// `BxK` or `BxKp` (for example `256x4p`).
+    fn parse(text: &str) -> Result<FloorPoint, AnyError> {
+        let t = text.trim();
+        let (body, pipelined) = match t.strip_suffix('p') {
+            Some(b) => (b, true),
+            None => (t, false),
+        };
+        let (b, k) = body
+            .split_once('x')
+            .ok_or_else(|| format!("floor point {t:?}: expected BxK or BxKp"))?;
+        let point = FloorPoint {
+            batch: b.parse()?,
+            conns: k.parse()?,
+            pipelined,
+        };
+        if point.batch == 0 || point.conns == 0 {
+            return Err(
+                format!("floor point {t:?}: batch and connections must be at least 1").into(),
+            );
+        }
+        Ok(point)
+    }
+
+    fn label(&self) -> String {
+        format!(
+            "{}x{}{}",
+            self.batch,
+            self.conns,
+            if self.pipelined { "p" } else { "" }
+        )
+    }
+}
+
+/// Empty the table and insert `n` fresh jobs, then VACUUM ANALYZE, so every point of the sweep
+/// starts from the same table (not timed).
+async fn refill(url: &str, n: usize) -> Result<(), AnyError> {
     let pool = awa_core::pool_options()
-        .max_connections(o.loops as u32)
-        .min_connections(o.loops as u32)
-        .connect(&o.url)
+        .max_connections(1)
+        .connect(url)
         .await?;
-    // Open the connections before the clock starts.
-    let mut warm = Vec::with_capacity(o.loops);
-    for _ in 0..o.loops {
+    sqlx::query("TRUNCATE awa.jobs").execute(&pool).await?;
+    let mut next = 0usize;
+    while next < n {
+        let end = (next + 5_000).min(n);
+        let batch: Vec<EnqueueRequest<Noop>> = (next..end)
+            .map(|i| EnqueueRequest::new(Noop { i: i as i64 }).queue(QUEUE))
+            .collect();
+        awa_core::insert_many(&pool, batch).await?;
+        next = end;
+    }
+    sqlx::query("VACUUM ANALYZE awa.jobs")
+        .execute(&pool)
+        .await?;
+    pool.close().await;
+    Ok(())
+}
+
+/// Drain the table with the engine's own claim and completion statements
+/// (`storage::claim::claim_batch`, `finalizer::batched::complete_batch`) and nothing else.
+async fn floor_point(url: &str, p: FloorPoint) -> Result<Value, AnyError> {
+    let size = (p.conns * if p.pipelined { 2 } else { 1 }) as u32;
+    let pool = awa_core::pool_options()
+        .max_connections(size)
+        .min_connections(size)
+        .connect(url)
+        .await?;
+    // Open every connection (and so every backend) before the clock starts.
+    let mut warm = Vec::with_capacity(size as usize);
+    for _ in 0..size {
         warm.push(pool.acquire().await?);
     }
     drop(warm);
-    let claims = Arc::new(AtomicUsize::new(0));
+    let statements = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();
     let mut tasks = Vec::new();
-    for _ in 0..o.loops {
+    for _ in 0..p.conns {
         let pool: PgPool = pool.clone();
-        let batch = o.batch as i64;
-        let claims = claims.clone();
+        let statements = statements.clone();
+        let batch = p.batch as i64;
+        let pipelined = p.pipelined;
         tasks.push(tokio::spawn(async move {
             let mut done = 0usize;
+            let mut in_flight: Option<tokio::task::JoinHandle<Result<usize, awa_core::AwaError>>> =
+                None;
             loop {
                 let jobs = claim_batch(&pool, QUEUE, batch, Duration::from_secs(1800)).await?;
-                claims.fetch_add(1, Ordering::Relaxed);
+                statements.fetch_add(1, Ordering::Relaxed);
+                if let Some(h) = in_flight.take() {
+                    done += h.await??;
+                }
                 if jobs.is_empty() {
-                    return Ok::<usize, awa_core::AwaError>(done);
+                    return Ok::<usize, AnyError>(done);
                 }
                 let ids: Vec<i64> = jobs.iter().map(|j| j.id).collect();
                 let leases: Vec<i64> = jobs.iter().map(|j| j.run_lease).collect();
-                done += complete_batch(&pool, &ids, &leases).await?.len();
+                statements.fetch_add(1, Ordering::Relaxed);
+                if pipelined {
+                    let pool = pool.clone();
+                    in_flight = Some(tokio::spawn(async move {
+                        Ok(complete_batch(&pool, &ids, &leases).await?.len())
+                    }));
+                } else {
+                    done += complete_batch(&pool, &ids, &leases).await?.len();
+                }
             }
         }));
     }
@@ -284,16 +416,77 @@ async fn floor(o: &Opts) -> Result<Value, AnyError> {
     }
     let seconds = t0.elapsed().as_secs_f64();
     pool.close().await;
+    let statements = statements.load(Ordering::Relaxed);
     Ok(json!({
-        "jobs": o.jobs,
-        "completed_in_run": completed,
-        "loops": o.loops,
-        "batch": o.batch,
-        "claim_statements": claims.load(Ordering::Relaxed),
+        "point": p.label(),
+        "batch": p.batch,
+        "connections": p.conns,
+        "pipelined": p.pipelined,
+        "completed": completed,
         "seconds": seconds,
         "jobs_per_s": completed as f64 / seconds,
+        "statements": statements,
+        // Every statement is its own (autocommit) transaction: statements = commits.
+        "commits_per_job": statements as f64 / completed.max(1) as f64,
+    }))
+}
+
+/// The run phase of `floor`: every point of the sweep on a freshly filled table; the result is
+/// the best point (the floor: the most any runtime could get out of our SQL on this machine),
+/// with every point listed.
+async fn floor(o: &Opts) -> Result<Value, AnyError> {
+    let mut points = Vec::new();
+    for text in o.sweep.split(',').filter(|t| !t.trim().is_empty()) {
+        points.push(FloorPoint::parse(text)?);
+    }
+    if points.is_empty() {
+        points.push(FloorPoint {
+            batch: o.batch,
+            conns: o.loops,
+            pipelined: false,
+        });
+    }
+    let mut results = Vec::new();
+    for p in points {
+        refill(&o.url, o.jobs).await?;
+        let r = floor_point(&o.url, p).await?;
+        if r["completed"].as_u64() != Some(o.jobs as u64) {
+            return Err(format!(
+                "floor point {}: completed {} of {} jobs",
+                p.label(),
+                r["completed"],
+                o.jobs
+            )
+            .into());
+        }
+        eprintln!(
+            "floor {}: {:.0} jobs/s",
+            p.label(),
+            r["jobs_per_s"].as_f64().unwrap_or(0.0)
+        );
+        results.push(r);
+    }
+    let best = results
+        .iter()
+        .max_by(|a, b| {
+            a["jobs_per_s"]
+                .as_f64()
+                .unwrap_or(0.0)
+                .total_cmp(&b["jobs_per_s"].as_f64().unwrap_or(0.0))
+        })
+        .cloned()
+        .ok_or("empty sweep")?;
+    Ok(json!({
+        "jobs": o.jobs,
+        "completed": o.jobs,
+        "jobs_per_s": best["jobs_per_s"],
+        "best": best,
+        "sweep": results,
         "own_txns": 0,
-        "settings": format!("claim_batch(limit {}) + batched::complete_batch on {} connections", o.batch, o.loops),
+        "settings": format!(
+            "best of the sweep {} (BxK: B jobs per claim_batch, K connections; p: claim the next batch while the previous complete_batch is in flight); table refilled and VACUUM ANALYZEd before each point",
+            o.sweep
+        ),
     }))
 }
 
@@ -307,8 +500,9 @@ async fn run(o: &Opts) -> Result<Value, AnyError> {
     };
     if o.phase == "setup" || o.phase == "all" {
         let v = match o.workload.as_str() {
-            "drain" | "floor" => setup(&o.url, o.jobs, |i| Noop { i }).await?,
-            "enqueue_single" => setup(&o.url, 0, |i| Noop { i }).await?,
+            "drain" => setup(&o.url, o.jobs, |i| Noop { i }).await?,
+            // The floor fills the table itself before each point of its sweep.
+            "enqueue_single" | "floor" => setup(&o.url, 0, |i| Noop { i }).await?,
             "staging" => setup(&o.url, o.jobs, |i| StageJob { i }).await?,
             other => return Err(format!("unknown workload {other}").into()),
         };
@@ -325,7 +519,10 @@ async fn run(o: &Opts) -> Result<Value, AnyError> {
         merge(&mut out, v);
         out["system"] = json!({"name": "awa-bench (Rust)", "version": env!("CARGO_PKG_VERSION")});
     }
-    if (o.phase == "verify" || o.phase == "all") && o.workload != "enqueue_single" {
+    if (o.phase == "verify" || o.phase == "all")
+        && o.workload != "enqueue_single"
+        && o.workload != "floor"
+    {
         merge(&mut out, verify(o, staging).await?);
     }
     Ok(out)
@@ -341,7 +538,10 @@ async fn main() {
     match result {
         Ok(v) => println!("BENCH_RESULT {}", json!({"ok": true, "result": v})),
         Err(e) => {
-            println!("BENCH_RESULT {}", json!({"ok": false, "error": e.to_string()}));
+            println!(
+                "BENCH_RESULT {}",
+                json!({"ok": false, "error": e.to_string()})
+            );
             std::process::exit(1);
         }
     }

@@ -1,0 +1,109 @@
+"""Tests of the benchmark's bookkeeping (no database, no peers): the committed report is what
+its JSON renders to, verdicts are computed from the data, the floor is checked to be a floor,
+and a quick run cannot write over the committed evidence.
+
+Run with ``python -m pytest bench/test_orchestrate.py`` (standard library plus pytest).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import orchestrate
+
+
+def committed() -> dict:
+    with open(orchestrate.FULL_JSON) as f:
+        return json.load(f)
+
+
+def test_the_committed_report_is_what_the_committed_json_renders_to() -> None:
+    with open(orchestrate.FULL_MD) as f:
+        have = f.read()
+    assert have == orchestrate.document(committed(), "benchmarks.png")
+    assert orchestrate.check(orchestrate.FULL_JSON, orchestrate.FULL_MD) == 0
+
+
+def test_the_report_says_it_is_generated_and_how_to_regenerate_it() -> None:
+    text = orchestrate.document(committed(), "benchmarks.png")
+    first = text.splitlines()[0]
+    assert "GENERATED" in first and "bash bench/run.sh" in first and "--render docs/benchmarks.json" in first
+
+
+def test_the_report_names_the_commit_and_flags_a_dirty_tree_and_an_unknown_commit() -> None:
+    head = subprocess.run(["git", "-C", orchestrate.ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert orchestrate.commit_note({"commit": head, "dirty": False}) == f"commit `{head}`, clean working tree"
+    assert "uncommitted changes" in orchestrate.commit_note({"commit": head, "dirty": True, "dirty_files": 2})
+    assert "not in the current checkout's history" in orchestrate.commit_note({"commit": "0" * 40, "dirty": False})
+    meta = orchestrate.git_meta()
+    assert meta["commit"] == head and isinstance(meta["dirty"], bool)
+
+
+def summary_with(drains: dict[str, float], floor: float) -> dict:
+    s = {"drain.jobs_per_s": {k: {"min": v, "median": v, "max": v, "n": 1} for k, v in drains.items()},
+         "floor.jobs_per_s": {"floor": {"min": floor, "median": floor, "max": floor, "n": 1}},
+         "staging.exactly_once": {}}
+    return s
+
+
+def verdict(targets: list[dict], prefix: str) -> str:
+    (t,) = [t for t in targets if t["target"].startswith(prefix)]
+    return t["status"]
+
+
+def test_verdicts_are_computed_from_the_data() -> None:
+    met = orchestrate.targets(summary_with({"awa": 9000.0, "awa-pg": 1000.0, "awa-rust": 10000.0}, 20000.0))
+    assert verdict(met, "Python no-op drain vs awa-pg") == "met"
+    assert verdict(met, "Python no-op drain vs our Rust runtime") == "met"
+    missed = orchestrate.targets(summary_with({"awa": 7000.0, "awa-pg": 1000.0, "awa-rust": 10000.0}, 20000.0))
+    assert verdict(missed, "Python no-op drain vs awa-pg") == "MISSED"
+    assert verdict(missed, "Python no-op drain vs our Rust runtime") == "met"
+    assert verdict(missed, "single inserts") == "not measured"
+
+
+def test_a_floor_below_a_runtime_is_reported_as_missed() -> None:
+    below = orchestrate.targets(summary_with({"awa": 5000.0, "awa-rust": 22000.0}, 20000.0))
+    assert verdict(below, "the floor is above every runtime's drain") == "MISSED"
+    above = orchestrate.targets(summary_with({"awa": 5000.0, "awa-rust": 22000.0}, 30000.0))
+    assert verdict(above, "the floor is above every runtime's drain") == "met"
+    assert verdict(above, "Rust no-op drain vs the floor") == "met"
+
+
+def test_staging_is_missed_when_a_follow_up_is_not_exactly_once() -> None:
+    s = summary_with({"awa": 10000.0}, 20000.0)
+    s["staging.jobs_per_s"] = {"awa": {"min": 9000.0, "median": 9000.0, "max": 9000.0, "n": 1}}
+    s["staging.exactly_once"] = {"awa": False}
+    assert verdict(orchestrate.targets(s), "staging drain vs plain drain (Python)") == "MISSED"
+    s["staging.exactly_once"] = {"awa": True}
+    assert verdict(orchestrate.targets(s), "staging drain vs plain drain (Python)") == "met"
+
+
+def test_a_quick_report_marks_itself() -> None:
+    data = copy.deepcopy(committed())
+    data["meta"]["quick"] = True
+    text = orchestrate.render_markdown(data)
+    assert "QUICK RUN" in text.splitlines()[2]
+
+
+def test_a_quick_run_writes_only_under_bench_results(tmp_path, monkeypatch) -> None:
+    # Run the orchestrator with --quick and nothing to measure: it must write its files under
+    # bench/results/ and leave docs/ untouched.
+    before = {p: os.path.getmtime(p) for p in (orchestrate.FULL_JSON, orchestrate.FULL_MD)}
+    out = subprocess.run([sys.executable, os.path.join(orchestrate.BENCH, "orchestrate.py"), "--quick", "--workloads=",
+                          "--plot-python", str(tmp_path / "no-python")], capture_output=True, text=True, check=False,
+                         env=dict(os.environ, DATABASE_URL=os.environ.get(
+                             "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")))
+    if out.returncode != 0 and "psql" in out.stderr:
+        pytest.skip(f"no PostgreSQL for the machine facts: {out.stderr.strip()[-200:]}")
+    assert out.returncode == 0, out.stderr
+    assert "bench/results/quick.md" in out.stdout
+    assert {p: os.path.getmtime(p) for p in before} == before
