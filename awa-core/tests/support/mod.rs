@@ -6,7 +6,7 @@ use awa_core::executor::context::JobContext;
 use awa_core::{get_job, ErasedHandler, HandlerResult, JobRow, JobState, Outcome, RuntimeConfig};
 use futures_util::future::BoxFuture;
 use std::future::Future;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,26 +34,10 @@ pub fn quiet_config() -> RuntimeConfig {
     }
 }
 
-static ID_BLOCK: AtomicI64 = AtomicI64::new(1);
-
-/// Give this test's database job ids no other test of this binary uses. Fault seams and
-/// their hit counts are process-wide and keyed by job id, and every test database starts its
-/// ids at 1, so without this two tests running in parallel could fire each other's faults.
-pub async fn isolate_ids(db: &TestDb) {
-    let start = ID_BLOCK.fetch_add(1, Ordering::SeqCst) * 1_000_000;
-    sqlx::query(&format!(
-        "ALTER SEQUENCE awa.jobs_id_seq RESTART WITH {start}"
-    ))
-    .execute(&db.pool)
-    .await
-    .expect("restart the id sequence");
-}
-
-/// A migrated database with ids of its own (see [`isolate_ids`]).
+/// A migrated database with job ids of its own (every [`TestDb::new`] isolates its ids, so
+/// tests arming id-keyed fault seams cannot fire each other's faults).
 pub async fn test_db() -> TestDb {
-    let db = TestDb::new().await;
-    isolate_ids(&db).await;
-    db
+    TestDb::new().await
 }
 
 /// Poll until `check` returns `Some`, failing the test after `timeout`.
