@@ -46,7 +46,7 @@ else
 fi
 
 if [ "${#failed[@]}" -gt 0 ]; then
-    log "FAILED GATES: ${failed[*]}"
+    log "FAILED GATES: $(IFS=,; echo "${failed[*]}")"
     exit 1
 fi
 log "all gates passed"

@@ -36,7 +36,7 @@ else
 fi
 
 if [ "${#failed[@]}" -gt 0 ]; then
-    log "FAILED: ${failed[*]}"
+    log "FAILED: $(IFS=,; echo "${failed[*]}")"
     exit 1
 fi
 log "all tests passed"
