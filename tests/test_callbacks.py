@@ -101,7 +101,9 @@ async def test_callback_timeout_is_rescued_and_heartbeat_extends_it(client: awa.
 
     @client.task(Charge)
     async def charge(job: awa.Job) -> Any:
-        token = await job.register_callback(timeout_seconds=1)
+        # The third job's first timeout must outlast the test's way to its heartbeat on a
+        # loaded machine; the heartbeat's effect is read from the row, not inferred from time.
+        token = await job.register_callback(timeout_seconds=20 if job.args.order == 3 else 1)
         tokens[job.args.order] = token
         return awa.WaitForCallback(token)
 
@@ -124,6 +126,14 @@ async def test_callback_timeout_is_rescued_and_heartbeat_extends_it(client: awa.
         f = await wait_for_state(client, exhausted.id, "failed", timeout=15)
         assert "callback timed out" in f.errors[-1]["error"]
         assert (await client.get_job(extended.id)).state == "waiting_external"
+        async with client.transaction() as tx:
+            row = await tx.fetch_one(
+                "SELECT callback_timeout_at > now() + interval '40 seconds' AS extended"
+                " FROM awa.jobs WHERE id = $1",
+                extended.id,
+            )
+            await tx.commit()
+        assert row["extended"], "the heartbeat moved the timeout to 60 s from then"
     finally:
         await client.shutdown()
 

@@ -15,7 +15,9 @@ pub fn fast_config() -> RuntimeConfig {
     RuntimeConfig {
         poll_interval: Duration::from_millis(50),
         heartbeat_interval: Duration::from_millis(100),
-        heartbeat_staleness: Duration::from_millis(600),
+        // Well above the heartbeat interval: on a loaded machine a heartbeat can be late by
+        // hundreds of milliseconds, and a live attempt taken for dead runs twice.
+        heartbeat_staleness: Duration::from_secs(3),
         heartbeat_rescue_interval: Duration::from_millis(100),
         deadline_rescue_interval: Duration::from_millis(100),
         callback_rescue_interval: Duration::from_millis(100),
