@@ -50,6 +50,11 @@ impl TestDb {
     /// Migrate this database and move its job ids to a block of their own (see [`TestDb::new`]).
     pub async fn migrate(&self) {
         awa_core::migrate(&self.pool).await.expect("migrate");
+        self.isolate_ids().await;
+    }
+
+    /// Move this database's job ids to a block no other test database of this process uses.
+    pub async fn isolate_ids(&self) {
         let start = NEXT_ID_BLOCK.fetch_add(1, Ordering::SeqCst) * ID_BLOCK;
         sqlx::query(&format!(
             "ALTER SEQUENCE awa.jobs_id_seq RESTART WITH {start}"

@@ -36,6 +36,12 @@ pub fn quiet_config() -> RuntimeConfig {
     }
 }
 
+/// Kept for tests written before [`TestDb::new`] isolated ids itself: moves the ids to yet
+/// another block of their own, which is harmless.
+pub async fn isolate_ids(db: &TestDb) {
+    db.isolate_ids().await;
+}
+
 /// A migrated database with job ids of its own (every [`TestDb::new`] isolates its ids, so
 /// tests arming id-keyed fault seams cannot fire each other's faults).
 pub async fn test_db() -> TestDb {
