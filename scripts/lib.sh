@@ -1,5 +1,6 @@
 # Shared set-up for scripts/demo.sh and scripts/test.sh (sourced, not run).
-# - ensure_venv: a project-local virtualenv with maturin and the test dependencies.
+# - ensure_venv: a project-local virtualenv with maturin, the test dependencies and the
+#   pinned lint tools (ruff, mypy).
 # - ensure_database: exports DATABASE_URL: the caller's, else 127.0.0.1:5432, else a private
 #   throwaway cluster in .pgdata/ (stopped on exit), else says what to install.
 # - build_wheel: builds the abi3 wheel into dist/ (maturin, showing cargo's progress) and
@@ -11,6 +12,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/awa-target}"
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
+RUFF_VERSION="0.17.5"
+MYPY_VERSION="2.4.1"
 
 log() { printf '==> %s\n' "$*" >&2; }
 
@@ -23,6 +26,12 @@ ensure_venv() {
         log "installing build and test tools"
         "$PY" -m pip install --quiet --upgrade pip
         "$PY" -m pip install --quiet "maturin>=1.5,<2" "pytest>=8" "pytest-asyncio>=0.23" "pydantic>=2" "uvloop>=0.19"
+    fi
+    # The lint gates' tools (scripts/lint.sh), pinned so a new release cannot turn CI red.
+    if ! "$VENV/bin/ruff" --version 2>/dev/null | grep -qx "ruff $RUFF_VERSION" \
+        || ! "$PY" -m mypy --version 2>/dev/null | grep -q "^mypy $MYPY_VERSION "; then
+        log "installing ruff $RUFF_VERSION and mypy $MYPY_VERSION"
+        "$PY" -m pip install --quiet "ruff==$RUFF_VERSION" "mypy==$MYPY_VERSION"
     fi
 }
 

@@ -1,11 +1,42 @@
 #!/usr/bin/env bash
-# Run the whole test suite: Rust unit and integration tests, then pytest against the built wheel.
+# Run the whole test suite: Rust unit, integration and doc tests, then pytest against the built
+# wheel. Every part runs even when an earlier one failed (cargo with --no-fail-fast, pytest
+# after a cargo failure), so one failure never hides the others; the script exits non-zero if
+# anything failed, and pytest collecting no test at all (exit code 5) counts as a failure.
+# Extra arguments go to pytest.
 source "$(dirname "$0")/lib.sh"
 ensure_venv
 ensure_database
 log "database: $DATABASE_URL"
-log "cargo test"
-(cd "$ROOT" && cargo test --workspace --all-targets)
-build_wheel
-log "pytest"
-(cd "$ROOT" && "$PY" -m pytest -q "$@")
+
+failed=()
+
+log "cargo test (unit and integration tests)"
+if ! (cd "$ROOT" && cargo test --workspace --all-targets --no-fail-fast); then
+    failed+=("cargo test --all-targets")
+fi
+# --all-targets does not run doctests.
+log "cargo test --doc"
+if ! (cd "$ROOT" && cargo test --workspace --doc --no-fail-fast); then
+    failed+=("cargo test --doc")
+fi
+
+if build_wheel; then
+    log "pytest"
+    rc=0
+    (cd "$ROOT" && "$PY" -m pytest -q "$@") || rc=$?
+    if [ "$rc" -eq 5 ]; then
+        log "pytest collected no tests"
+    fi
+    if [ "$rc" -ne 0 ]; then
+        failed+=("pytest (exit code $rc)")
+    fi
+else
+    failed+=("building the wheel (pytest not run)")
+fi
+
+if [ "${#failed[@]}" -gt 0 ]; then
+    log "FAILED: $(IFS=,; echo "${failed[*]}")"
+    exit 1
+fi
+log "all tests passed"

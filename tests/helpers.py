@@ -11,7 +11,9 @@ import awa
 FAST = dict(
     poll_interval_ms=50,
     heartbeat_interval_ms=100,
-    heartbeat_staleness_ms=800,
+    # Well above the heartbeat interval, so a heartbeat delayed on a loaded machine does not
+    # get a live attempt rescued and run twice.
+    heartbeat_staleness_ms=3000,
     heartbeat_rescue_interval_ms=100,
     deadline_rescue_interval_ms=100,
     callback_rescue_interval_ms=100,

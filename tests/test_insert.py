@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as dt
 import os
@@ -371,7 +370,17 @@ async def test_copy_wakes_an_idle_worker(client: awa.AsyncClient) -> None:
     # Polling every minute: only the insert trigger's NOTIFY can start these jobs in time.
     await client.start([("copy_wake", 4)], poll_interval_ms=60_000)
     try:
-        await asyncio.sleep(0.3)  # let the listener subscribe
+        # Insert only once the listener has subscribed (its LISTEN is its last statement).
+        async def listening() -> bool:
+            async with client.transaction() as tx:
+                row = await tx.fetch_one(
+                    "SELECT count(*) AS n FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND query LIKE 'LISTEN%copy_wake%'"
+                )
+                await tx.commit()
+            return bool(row["n"])
+
+        await wait_for(listening, what="the listener to subscribe")
         assert await client.enqueue_many_copy([SendEmail(to=str(i)) for i in range(5)], queue="copy_wake") == 5
         await wait_for(lambda: len(done) == 5, timeout=10, what="the COPY-inserted jobs to run")
     finally:

@@ -128,13 +128,18 @@ async def test_exhausted_attempts_fail_and_dlq(client: awa.AsyncClient) -> None:
 async def test_handlers_run_concurrently(client: awa.AsyncClient) -> None:
     running = 0
     peak = 0
+    all_in = asyncio.Event()
 
     @client.task(Work)
     async def handle(job: awa.Job) -> None:
         nonlocal running, peak
         running += 1
         peak = max(peak, running)
-        await asyncio.sleep(0.3)
+        if peak >= 20:
+            all_in.set()
+        # Hold every handler until all 20 run at once (not for a fixed time, which a slow
+        # claim on a loaded machine can outlast).
+        await all_in.wait()
         running -= 1
 
     await client.insert_many([Work(mode="sleep", n=i) for i in range(20)])

@@ -17,11 +17,14 @@ use awa_core::{
 };
 use common::TestDb;
 use serde::{Deserialize, Serialize};
+use sqlx::Connection;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::{fast_config, wait_for_completed, wait_for_state};
+use support::{eventually, fast_config, wait_for_completed, wait_for_state};
+
+const T: Duration = Duration::from_secs(15);
 use tokio::sync::Notify;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -89,9 +92,13 @@ async fn every_outcome_from_a_rust_handler() {
     assert!(c.errors[0].error.contains("not needed"));
     let re = wait_for_state(&db, ids["retryable"], &[JobState::Retryable], t).await;
     assert_eq!(re.errors[0].error, "flaky");
+    // Relative to the failure, not to now: by the time the test reads the row the backoff
+    // (2 s after attempt 1) may have run out on a loaded machine.
     assert!(
-        re.run_at > chrono::Utc::now(),
-        "backoff schedules the retry in the future"
+        re.run_at >= re.errors[0].at + chrono::Duration::seconds(1),
+        "backoff schedules the retry after the failure: {:?} vs {:?}",
+        re.run_at,
+        re.errors[0].at
     );
     let te = wait_for_state(&db, ids["terminal"], &[JobState::Failed], t).await;
     assert_eq!(te.errors[0].error, "bad input");
@@ -447,9 +454,16 @@ async fn graceful_shutdown_lets_handlers_finish() {
     let rows = insert_many(&db.pool, jobs).await.expect("insert");
     client.start().await.expect("start");
     // Every job must have started: a job still available when shutdown begins
-    // is rightly left for the next worker, which is not what this test is about.
+    // is rightly left for the next worker, which is not what this test is about. Running is
+    // transient (300 ms): a job already completed has started too.
     for r in &rows {
-        wait_for_state(&db, r.id, &[JobState::Running], Duration::from_secs(5)).await;
+        wait_for_state(
+            &db,
+            r.id,
+            &[JobState::Running, JobState::Completed],
+            Duration::from_secs(5),
+        )
+        .await;
     }
     client.shutdown(Duration::from_secs(5)).await;
     for r in rows {
@@ -742,23 +756,51 @@ struct Slow {
 }
 impl JobArgs for Slow {}
 
+/// The application name of the client pool in the finalize-deadline test, so the test can
+/// tell the client's backends from its own.
+const GATED_CLIENT: &str = "awa_deadline_test_client";
+/// The advisory lock the follow-up insert waits on in that test.
+const INSERT_GATE: i64 = 4_604_604;
+
 #[tokio::test]
 async fn a_finalization_past_its_deadline_is_given_up_and_commits_all_or_nothing() {
     let db = TestDb::new().await;
-    // Inserting the follow-up hangs inside the completion transaction.
-    sqlx::raw_sql(
-        "CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN IF NEW.kind = 'slow' THEN PERFORM pg_sleep(3); END IF; RETURN NEW; END $$;
-         CREATE TRIGGER slow_insert BEFORE INSERT ON awa.jobs FOR EACH ROW EXECUTE FUNCTION slow_insert();",
-    )
+    // Inserting the follow-up waits inside the completion transaction until the test opens
+    // the gate (an advisory lock the test holds), so the runtime's deadline passes for sure
+    // and the test decides when the abandoned statement may go on.
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION gated_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN IF NEW.kind = 'slow' THEN PERFORM pg_advisory_xact_lock_shared({INSERT_GATE}); END IF;
+         RETURN NEW; END $$;
+         CREATE TRIGGER gated_insert BEFORE INSERT ON awa.jobs FOR EACH ROW EXECUTE FUNCTION gated_insert();"
+    ))
     .execute(&db.pool)
     .await
     .expect("trigger");
-    let client = Client::builder(db.pool.clone())
+    let mut gate = sqlx::PgConnection::connect(&db.url)
+        .await
+        .expect("gate connection");
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(INSERT_GATE)
+        .execute(&mut gate)
+        .await
+        .expect("close the gate");
+    let client_pool = awa_core::pool_options()
+        .max_connections(5)
+        .connect_with(
+            db.url
+                .parse::<sqlx::postgres::PgConnectOptions>()
+                .expect("url")
+                .application_name(GATED_CLIENT),
+        )
+        .await
+        .expect("client pool");
+    let client = Client::builder(client_pool.clone())
         .queue("default", QueueConfig::new(1))
         .config(RuntimeConfig {
             maintenance: false,
-            finalize_deadline: Duration::from_millis(300),
+            // Long enough that the completion statement surely reaches the gate before it.
+            finalize_deadline: Duration::from_secs(3),
             ..fast_config()
         })
         .register::<Task, _, _>(|args, ctx| {
@@ -779,52 +821,65 @@ async fn a_finalization_past_its_deadline_is_given_up_and_commits_all_or_nothing
     )
     .await
     .expect("insert");
-    let gave_up = awa_core::metrics::FINALIZE_GAVE_UP.load(Ordering::Relaxed);
     client.start().await.expect("start");
-    let start = std::time::Instant::now();
-    while awa_core::metrics::FINALIZE_GAVE_UP.load(Ordering::Relaxed) == gave_up {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the finalize deadline never fired"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    client.shutdown(Duration::from_secs(2)).await;
-    // Wait until the abandoned backend has finished its sleep: the runtime stopped waiting,
-    // but the statement it had sent runs to its end.
-    let start = std::time::Instant::now();
-    loop {
-        let sleeping: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'PgSleep'",
+    eventually("the follow-up insert to wait at the gate", T, || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+             WHERE d.datname = current_database() AND l.locktype = 'advisory' AND NOT l.granted",
         )
         .fetch_one(&db.pool)
         .await
-        .expect("activity");
-        if sleeping == 0 {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the abandoned insert never ended"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // Committed or not, the completion and its follow-up went together (ADR-046, the last row
-    // of the commit table): a completion is one statement, which the server finishes and
-    // commits after the runtime gave up on it; a job it did not complete is left for rescue.
+        .expect("locks");
+        (waiting == 1).then_some(())
+    })
+    .await;
+    // The runtime gives up: it stops tracking the attempt while the insert is still held at
+    // the gate (the client's own count, not the process-wide metric other tests bump too).
+    eventually("the runtime to give up on the finalization", T, || async {
+        (client.in_flight().await == 0).then_some(())
+    })
+    .await;
     let row = get_job(&db.pool, job.id).await.expect("get");
-    let slow: i64 = sqlx::query_scalar("SELECT count(*) FROM awa.jobs WHERE kind = 'slow'")
+    assert_eq!(
+        row.state,
+        JobState::Running,
+        "nothing committed while the insert waits at the gate"
+    );
+    client.shutdown(Duration::from_secs(2)).await;
+    // Open the gate and wait until every backend of the client has finished what it was
+    // sent: idle (its transaction ended, committed or rolled back) or gone.
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(INSERT_GATE)
+        .execute(&mut gate)
+        .await
+        .expect("open the gate");
+    eventually("the abandoned statement to end", T, || async {
+        let busy: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = $1 AND state <> 'idle'",
+        )
+        .bind(GATED_CLIENT)
         .fetch_one(&db.pool)
         .await
-        .expect("count");
+        .expect("activity");
+        (busy == 0).then_some(())
+    })
+    .await;
+    // Committed or not, the completion and its follow-up went together (ADR-046, the last row
+    // of the commit table): read both in one statement, so one snapshot sees both or neither.
+    let (state, slow): (String, i64) = sqlx::query_as(
+        "SELECT (SELECT state::text FROM awa.jobs WHERE id = $1),
+                (SELECT count(*) FROM awa.jobs WHERE kind = 'slow')",
+    )
+    .bind(job.id)
+    .fetch_one(&db.pool)
+    .await
+    .expect("state and follow-ups");
     assert!(
-        matches!(
-            (row.state, slow),
-            (JobState::Completed, 1) | (JobState::Running, 0)
-        ),
-        "completion and follow-up commit together: {:?} with {slow} follow-ups",
-        row.state
+        matches!((state.as_str(), slow), ("completed", 1) | ("running", 0)),
+        "completion and follow-up commit together: {state} with {slow} follow-ups"
     );
+    client_pool.close().await;
 }
 
 #[tokio::test]
@@ -934,5 +989,25 @@ async fn promotion_skips_a_job_whose_key_another_row_holds_and_promotes_the_rest
     assert_eq!(
         get_job(&db.pool, waiting.id).await.expect("get").state,
         JobState::Available
+    );
+}
+
+/// Fault seams are keyed by job id and process-wide: every test database must hand out ids
+/// no other test database of this binary uses, or parallel tests fire each other's faults.
+#[tokio::test]
+async fn test_databases_never_share_job_ids() {
+    let (a, b) = (TestDb::new().await, TestDb::new().await);
+    let task = || Task {
+        n: 1,
+        mode: "ok".into(),
+    };
+    let in_a = insert(&a.pool, task()).await.expect("insert a");
+    let in_b = insert(&b.pool, task()).await.expect("insert b");
+    assert!(in_a.id >= common::ID_BLOCK && in_b.id >= common::ID_BLOCK);
+    assert!(
+        (in_a.id / common::ID_BLOCK) != (in_b.id / common::ID_BLOCK),
+        "ids {} and {} come from the same block",
+        in_a.id,
+        in_b.id
     );
 }

@@ -101,7 +101,7 @@ class Job:
 
     async def register_callback(self, timeout_seconds: float = 3600) -> str:
         """Register an external callback for this attempt; returns its token (callback id)."""
-        token = await self._context().register_callback(float(timeout_seconds))
+        token = str(await self._context().register_callback(float(timeout_seconds)))
         self.callback_id = token
         return token
 

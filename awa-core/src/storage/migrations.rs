@@ -1,10 +1,19 @@
 //! Embedded, versioned migrations applied by [`migrate`].
 //!
-//! Each migration runs in one transaction that first takes a transaction-scoped advisory lock,
-//! so several processes may call `migrate()` at once: the first applies, the others wait and
-//! then find nothing left to do.
+//! `migrate()` first reads the applied version without taking any lock or running any DDL,
+//! so an application role that may only read and write Awa's tables (see
+//! `docs/deploying.md`, "Roles and grants") can call it at start-up: when the schema is
+//! current it is a no-op. Only when something is pending does it open a transaction, take a
+//! transaction-scoped advisory lock, read the version again (another process may have
+//! migrated meanwhile) and apply what is still missing. Several processes may therefore call
+//! `migrate()` at once: the first applies, the others wait on the lock and then find nothing
+//! left to do.
+//!
+//! A role that may not run DDL gets an error naming the version it found, the version this
+//! library needs, and that the schema owner must run the migration ([`pending_sql`] gives
+//! the owner the SQL to run by hand or from a migration tool).
 
-use crate::error::Result;
+use crate::error::{AwaError, Result};
 use sqlx::{Executor, PgPool};
 
 /// `(version, sql)`, in order. Never edit a released entry; add a new one.
@@ -24,31 +33,54 @@ const MIGRATIONS: &[(i32, &str)] = &[
 /// Advisory lock key serializing migrations ("awa_migrate" folded into an i64).
 const MIGRATE_LOCK: i64 = 0x6177_615f_6d69_6772;
 
+/// The schema and the version bookkeeping table; runs before any migration.
+const BOOTSTRAP_SQL: &str = "CREATE SCHEMA IF NOT EXISTS awa;
+CREATE TABLE IF NOT EXISTS awa.schema_version (
+    version integer PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now());";
+
+/// SQLSTATE `insufficient_privilege`.
+const INSUFFICIENT_PRIVILEGE: &str = "42501";
+
 /// The newest schema version this library knows.
 pub fn latest_version() -> i32 {
     MIGRATIONS.last().map_or(0, |(v, _)| *v)
 }
 
-/// Apply every pending migration. Idempotent and safe to run concurrently.
+/// Apply every pending migration. Idempotent and safe to run concurrently; a no-op (one
+/// read, no lock, no DDL) when the schema is already at [`latest_version`] or newer, so a
+/// role without CREATE rights may call it.
 pub async fn migrate(pool: &PgPool) -> Result<()> {
+    let found = current_version(pool).await?;
+    if found >= latest_version() {
+        return Ok(());
+    }
+    apply_pending(pool)
+        .await
+        .map_err(|e| explain_permission(e, found))
+}
+
+/// Take the lock, re-read the version and apply what is still missing, in one transaction.
+async fn apply_pending(pool: &PgPool) -> std::result::Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(MIGRATE_LOCK)
         .execute(&mut *tx)
         .await?;
-    // A plain &str runs under the simple protocol, which allows several statements.
-    (&mut *tx)
-        .execute(
-            "CREATE SCHEMA IF NOT EXISTS awa;
-             CREATE TABLE IF NOT EXISTS awa.schema_version (
-                 version integer PRIMARY KEY,
-                 applied_at timestamptz NOT NULL DEFAULT now());",
-        )
-        .await?;
-    let current: Option<i32> = sqlx::query_scalar("SELECT max(version) FROM awa.schema_version")
+    // Another process may have migrated while this one waited for the lock: when the schema
+    // is current now, end without any DDL (which this role may not be allowed to run).
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('awa.schema_version') IS NOT NULL")
         .fetch_one(&mut *tx)
         .await?;
-    let current = current.unwrap_or(0);
+    let mut current = 0;
+    if exists {
+        current = version_in(&mut *tx).await?;
+    }
+    if current >= latest_version() {
+        return tx.commit().await;
+    }
+    // A plain &str runs under the simple protocol, which allows several statements.
+    (&mut *tx).execute(BOOTSTRAP_SQL).await?;
     for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
         tracing::info!(version, "applying awa migration");
         (&mut *tx).execute(*sql).await?;
@@ -57,11 +89,47 @@ pub async fn migrate(pool: &PgPool) -> Result<()> {
             .execute(&mut *tx)
             .await?;
     }
-    tx.commit().await?;
-    Ok(())
+    tx.commit().await
 }
 
-/// The applied schema version, or 0 when the schema does not exist.
+/// Turn a permission error from the DDL into one that says what to do; pass others through.
+fn explain_permission(e: sqlx::Error, found: i32) -> AwaError {
+    let denied = e
+        .as_database_error()
+        .is_some_and(|db| db.code().as_deref() == Some(INSUFFICIENT_PRIVILEGE));
+    if !denied {
+        return e.into();
+    }
+    let cause = e
+        .as_database_error()
+        .map(|db| db.message().to_string())
+        .unwrap_or_default();
+    let found = if found == 0 {
+        "the awa schema does not exist (version 0)".to_string()
+    } else {
+        format!("the awa schema is at version {found}")
+    };
+    // `State` until the error type has a variant of its own for this (its Display is the
+    // message as is, and Python raises it as awa.AwaError).
+    AwaError::State(format!(
+        "{found} but this library needs version {needed}, and this database role may not \
+         change the schema ({cause}); the schema owner must run migrate() (or the SQL from \
+         awa_core::storage::migrations::pending_sql) first, see docs/deploying.md",
+        needed = latest_version(),
+    ))
+}
+
+async fn version_in<'e, E>(executor: E) -> std::result::Result<i32, sqlx::Error>
+where
+    E: Executor<'e, Database = sqlx::Postgres>,
+{
+    let v: Option<i32> = sqlx::query_scalar("SELECT max(version) FROM awa.schema_version")
+        .fetch_one(executor)
+        .await?;
+    Ok(v.unwrap_or(0))
+}
+
+/// The applied schema version, or 0 when the schema does not exist. Read-only.
 pub async fn current_version(pool: &PgPool) -> Result<i32> {
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('awa.schema_version') IS NOT NULL")
         .fetch_one(pool)
@@ -69,8 +137,25 @@ pub async fn current_version(pool: &PgPool) -> Result<i32> {
     if !exists {
         return Ok(0);
     }
-    let v: Option<i32> = sqlx::query_scalar("SELECT max(version) FROM awa.schema_version")
-        .fetch_one(pool)
-        .await?;
-    Ok(v.unwrap_or(0))
+    Ok(version_in(pool).await?)
+}
+
+/// The SQL that brings a schema at version `from` to [`latest_version`], as one script for
+/// the schema owner to run (`psql -1 -f`, or a migration tool) where the application role
+/// may not run DDL. `from = 0` gives the whole schema. It does what [`migrate`] does: takes
+/// the same advisory lock and records each version in `awa.schema_version`.
+pub fn pending_sql(from: i32) -> String {
+    let mut script = String::from("BEGIN;\n");
+    script.push_str(&format!("SELECT pg_advisory_xact_lock({MIGRATE_LOCK});\n"));
+    script.push_str(BOOTSTRAP_SQL);
+    script.push('\n');
+    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > from) {
+        script.push_str(&format!("\n-- awa migration {version}\n"));
+        script.push_str(sql.trim_end());
+        script.push_str(&format!(
+            "\nINSERT INTO awa.schema_version (version) VALUES ({version});\n"
+        ));
+    }
+    script.push_str("COMMIT;\n");
+    script
 }

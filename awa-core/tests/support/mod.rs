@@ -6,7 +6,7 @@ use awa_core::executor::context::JobContext;
 use awa_core::{get_job, ErasedHandler, HandlerResult, JobRow, JobState, Outcome, RuntimeConfig};
 use futures_util::future::BoxFuture;
 use std::future::Future;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,9 @@ pub fn fast_config() -> RuntimeConfig {
     RuntimeConfig {
         poll_interval: Duration::from_millis(50),
         heartbeat_interval: Duration::from_millis(100),
-        heartbeat_staleness: Duration::from_millis(600),
+        // Well above the heartbeat interval: on a loaded machine a heartbeat can be late by
+        // hundreds of milliseconds, and a live attempt taken for dead runs twice.
+        heartbeat_staleness: Duration::from_secs(3),
         heartbeat_rescue_interval: Duration::from_millis(100),
         deadline_rescue_interval: Duration::from_millis(100),
         callback_rescue_interval: Duration::from_millis(100),
@@ -34,26 +36,16 @@ pub fn quiet_config() -> RuntimeConfig {
     }
 }
 
-static ID_BLOCK: AtomicI64 = AtomicI64::new(1);
-
-/// Give this test's database job ids no other test of this binary uses. Fault seams and
-/// their hit counts are process-wide and keyed by job id, and every test database starts its
-/// ids at 1, so without this two tests running in parallel could fire each other's faults.
+/// Kept for tests written before [`TestDb::new`] isolated ids itself: moves the ids to yet
+/// another block of their own, which is harmless.
 pub async fn isolate_ids(db: &TestDb) {
-    let start = ID_BLOCK.fetch_add(1, Ordering::SeqCst) * 1_000_000;
-    sqlx::query(&format!(
-        "ALTER SEQUENCE awa.jobs_id_seq RESTART WITH {start}"
-    ))
-    .execute(&db.pool)
-    .await
-    .expect("restart the id sequence");
+    db.isolate_ids().await;
 }
 
-/// A migrated database with ids of its own (see [`isolate_ids`]).
+/// A migrated database with job ids of its own (every [`TestDb::new`] isolates its ids, so
+/// tests arming id-keyed fault seams cannot fire each other's faults).
 pub async fn test_db() -> TestDb {
-    let db = TestDb::new().await;
-    isolate_ids(&db).await;
-    db
+    TestDb::new().await
 }
 
 /// Poll until `check` returns `Some`, failing the test after `timeout`.
