@@ -190,6 +190,12 @@ impl FollowUps {
         self.buffer.len()
     }
 
+    /// An identity of the attempt's buffer, shared by every clone (keys the test seams).
+    #[cfg_attr(not(feature = "test-seams"), allow(dead_code))]
+    pub(crate) fn identity(&self) -> usize {
+        Arc::as_ptr(&self.buffer) as usize
+    }
+
     pub fn is_empty(&self) -> bool {
         self.buffer.is_empty()
     }

@@ -8,6 +8,12 @@
 //! buffers a full batch whenever the queue has a backlog, whatever it measured, so a test can
 //! hold handlers on a gate and still have jobs waiting in the buffer. Keyed by queue name,
 //! like faults by job id, so tests running in parallel do not see each other's.
+//!
+//! A test can hold the runner at the instant a handler's outcome has been handed over
+//! ([`hold_after_return`]): the runner (and `testing::work_one`) then waits there until the
+//! test calls [`release`], so a task the handler spawned can try to stage while the attempt is
+//! known to be past its return and not yet finalized. Keyed by the attempt's staging buffer
+//! (not by job id, which repeats across the test databases of one process).
 
 /// Where a fault can be injected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +79,76 @@ mod imp {
             .map(|(_, w)| *w)
     }
 
+    /// One armed hold: `held` once the runner reached it, `go` gets a permit on release.
+    struct Hold {
+        key: usize,
+        held: bool,
+        go: std::sync::Arc<tokio::sync::Semaphore>,
+    }
+
+    static HOLDS: Mutex<Vec<Hold>> = Mutex::new(Vec::new());
+
+    /// Longest a held runner waits for [`release`] before it goes on by itself (a test that
+    /// forgot to release must not hang the suite).
+    const HOLD_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+    fn key(f: &crate::follow_ups::FollowUps) -> usize {
+        f.identity()
+    }
+
+    /// Hold the runner of the attempt owning `f` once its handler has returned, until
+    /// [`release`].
+    pub fn hold_after_return(f: &crate::follow_ups::FollowUps) {
+        HOLDS.lock().unwrap_or_else(|p| p.into_inner()).push(Hold {
+            key: key(f),
+            held: false,
+            go: std::sync::Arc::new(tokio::sync::Semaphore::new(0)),
+        });
+    }
+
+    /// Whether the runner of `f`'s attempt is waiting at the hold.
+    pub fn is_held(f: &crate::follow_ups::FollowUps) -> bool {
+        let k = key(f);
+        HOLDS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|h| h.key == k && h.held)
+    }
+
+    /// Let the runner of `f`'s attempt go on.
+    pub fn release(f: &crate::follow_ups::FollowUps) {
+        let k = key(f);
+        for h in HOLDS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|h| h.key == k)
+        {
+            h.go.add_permits(1);
+        }
+    }
+
+    /// The runner's side: wait here if a hold is armed for `f`'s attempt.
+    pub(crate) async fn after_return(f: &crate::follow_ups::FollowUps) {
+        let k = key(f);
+        let go = {
+            let mut holds = HOLDS.lock().unwrap_or_else(|p| p.into_inner());
+            match holds.iter_mut().find(|h| h.key == k) {
+                Some(h) => {
+                    h.held = true;
+                    h.go.clone()
+                }
+                None => return,
+            }
+        };
+        let _ = tokio::time::timeout(HOLD_LIMIT, go.acquire()).await;
+        HOLDS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|h| h.key != k);
+    }
+
     pub(crate) fn check(point: Point, job_id: i64) -> Result<(), sqlx::Error> {
         let mut armed = ARMED.lock().unwrap_or_else(|p| p.into_inner());
         let hit = armed
@@ -93,10 +169,14 @@ mod imp {
 }
 
 #[cfg(feature = "test-seams")]
-pub use imp::{arm, force_claim_ahead, hits};
+pub use imp::{arm, force_claim_ahead, hits, hold_after_return, is_held, release};
 
 #[cfg(feature = "test-seams")]
-pub(crate) use imp::{check, forced_claim_ahead};
+pub(crate) use imp::{after_return, check, forced_claim_ahead};
+
+#[cfg(not(feature = "test-seams"))]
+#[inline(always)]
+pub(crate) async fn after_return(_f: &crate::follow_ups::FollowUps) {}
 
 #[cfg(not(feature = "test-seams"))]
 #[inline(always)]

@@ -88,6 +88,7 @@ pub async fn work_one_of_kind(
             traceback: None,
         },
     };
+    crate::seams::after_return(&ctx.follow_ups).await;
     let sealed = ctx.follow_ups.seal();
     let progress = ctx.progress();
     let job = ctx.job.clone();

@@ -230,6 +230,13 @@ impl NativeJobContext {
             .to_string()
     }
 
+    /// Test seams (wheel built with the `test-seams` feature; see `awa_core::seams`):
+    /// `"hold"` holds this attempt's runner once the outcome is handed over, `"held"` says
+    /// whether it waits there, `"release"` lets it go on. Raises RuntimeError otherwise.
+    fn test_seam(&self, action: &str) -> PyResult<bool> {
+        test_seam(&self.ctx.follow_ups(), action)
+    }
+
     /// Hand the outcome back. `outcome` is one of completed, retry_after, snooze, cancel,
     /// wait_for_callback, terminal, error, abandoned. Later calls are ignored.
     #[pyo3(signature = (outcome, value = None, seconds = None, traceback = None))]
@@ -271,6 +278,29 @@ impl NativeJobContext {
             None => false,
         })
     }
+}
+
+#[cfg(feature = "test-seams")]
+fn test_seam(follow_ups: &awa_core::FollowUps, action: &str) -> PyResult<bool> {
+    use awa_core::seams;
+    match action {
+        "hold" => seams::hold_after_return(follow_ups),
+        "held" => return Ok(seams::is_held(follow_ups)),
+        "release" => seams::release(follow_ups),
+        other => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "unknown test seam action {other:?}"
+            )))
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(not(feature = "test-seams"))]
+fn test_seam(_follow_ups: &awa_core::FollowUps, _action: &str) -> PyResult<bool> {
+    Err(pyo3::exceptions::PyRuntimeError::new_err(
+        "this build of awa._awa has no test seams (build with --features test-seams)",
+    ))
 }
 
 type WorkOne = tokio::task::JoinHandle<Result<awa_core::testing::WorkResult, AwaError>>;

@@ -120,6 +120,7 @@ pub(crate) async fn run_job(shared: Arc<Shared>, qc: QueueConfig, claimed: Claim
             }
         }
     };
+    crate::seams::after_return(&ctx.follow_ups).await;
     // The handler returned: seal its buffer now, so later stages fail with Sealed.
     let sealed = ctx.follow_ups.seal();
     shared.inflight.handler_done();
