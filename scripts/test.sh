@@ -6,6 +6,6 @@ ensure_database
 log "database: $DATABASE_URL"
 log "cargo test"
 (cd "$ROOT" && cargo test --workspace --all-targets)
-build_wheel
+build_wheel "--features test-seams"  # the seam tests (tests/test_staged_follow_ups.py) need it
 log "pytest"
 (cd "$ROOT" && "$PY" -m pytest -q "$@")

@@ -10,6 +10,7 @@
 use crate::bridge;
 use crate::errors::{to_py, IntoPyResult, StagingError};
 use awa_core::executor::context::CallbackToken;
+use awa_core::executor::result::Returned;
 use awa_core::model::UntypedRequest;
 use awa_core::{AwaError, ErasedHandler, JobContext, JobError, JobResult, Outcome, StageError};
 use futures_util::future::BoxFuture;
@@ -18,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Notify};
 
-type Pending = (Arc<JobContext>, oneshot::Sender<Outcome>);
+type Pending = (Arc<JobContext>, oneshot::Sender<Returned>);
 
 /// The handler registered for every Python kind: hands the job to the pump, awaits the outcome.
 pub struct PyBridge {
@@ -26,20 +27,24 @@ pub struct PyBridge {
 }
 
 impl ErasedHandler for PyBridge {
-    fn run(&self, ctx: Arc<JobContext>) -> BoxFuture<'static, Outcome> {
+    fn run(&self, ctx: Arc<JobContext>) -> BoxFuture<'static, Returned> {
         let (done_tx, done_rx) = oneshot::channel();
+        let follow_ups = ctx.follow_ups();
         let sent = self.tx.send((ctx, done_tx));
         Box::pin(async move {
+            let abandoned = |reason: &str| Returned {
+                outcome: Outcome::Abandoned {
+                    reason: reason.into(),
+                },
+                follow_ups: follow_ups.seal(),
+            };
             if sent.is_err() {
-                return Outcome::Abandoned {
-                    reason: "the Python worker stopped".into(),
-                };
+                return abandoned("the Python worker stopped");
             }
             match done_rx.await {
-                Ok(outcome) => outcome,
-                Err(_) => Outcome::Abandoned {
-                    reason: "the Python handler was dropped".into(),
-                },
+                // Sealed by `finish()` on the event loop's thread.
+                Ok(returned) => returned,
+                Err(_) => abandoned("the Python handler was dropped"),
             }
         })
     }
@@ -120,7 +125,7 @@ impl NativeWorker {
 #[pyclass(module = "awa._awa")]
 pub struct NativeJobContext {
     ctx: Arc<JobContext>,
-    done: Mutex<Option<oneshot::Sender<Outcome>>>,
+    done: Mutex<Option<oneshot::Sender<Returned>>>,
 }
 
 impl NativeJobContext {
@@ -274,7 +279,17 @@ impl NativeJobContext {
         };
         let sender = self.done.lock().unwrap_or_else(|p| p.into_inner()).take();
         Ok(match sender {
-            Some(s) => s.send(out).is_ok(),
+            Some(s) => {
+                // Seal here, synchronously on the event loop's thread: the package calls
+                // finish() with no await after the handler's coroutine returned, so no other
+                // task has run since, and every later enqueue_on_completion gets Sealed.
+                let follow_ups = self.ctx.follow_ups().seal();
+                s.send(Returned {
+                    outcome: out,
+                    follow_ups,
+                })
+                .is_ok()
+            }
             None => false,
         })
     }

@@ -2,7 +2,10 @@
 
 Rust claims jobs and hands them over in batches (``next_batch``); each handler runs as an
 asyncio task on the loop that called ``start()``; its outcome goes back with ``ctx.finish``,
-a synchronous call. Everything after that — sealing staged follow-ups, finalizing — is Rust.
+a synchronous call that also seals the attempt's staged follow-ups. ``run_handler`` calls it
+with no ``await`` between the handler's return and the call, so no other task (say, one the
+handler spawned and did not await) runs in between: every later ``enqueue_on_completion``
+raises ``awa.StagingError``. Finalizing is Rust.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 //! What a handler returns, and the named transition the executor turns it into.
 
-use crate::follow_ups::StageError;
+use crate::follow_ups::{SealedFollowUps, StageError};
 use std::time::Duration;
 
 /// A handler's successful outcome.
@@ -67,4 +67,14 @@ pub enum Outcome {
     Abandoned {
         reason: String,
     },
+}
+
+/// What a handler hands over when it returns: its outcome, and its staging buffer sealed at
+/// that instant (ADR-046, "Lifetime of the staging buffer"). Built by
+/// [`crate::executor::sealed_on_return`] for Rust handlers and by the Python bridge's
+/// `finish()`, on the event loop's thread, for Python ones.
+#[derive(Debug)]
+pub struct Returned {
+    pub outcome: Outcome,
+    pub follow_ups: SealedFollowUps,
 }
