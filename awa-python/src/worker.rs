@@ -10,7 +10,7 @@
 use crate::bridge;
 use crate::errors::{to_py, IntoPyResult, StagingError};
 use awa_core::executor::context::CallbackToken;
-use awa_core::executor::result::Returned;
+use awa_core::executor::result::{outcome_delay_from_secs, Returned};
 use awa_core::model::UntypedRequest;
 use awa_core::{AwaError, ErasedHandler, JobContext, JobError, JobResult, Outcome, StageError};
 use futures_util::future::BoxFuture;
@@ -191,7 +191,8 @@ impl NativeJobContext {
         timeout_seconds: f64,
     ) -> PyResult<Bound<'py, PyAny>> {
         let ctx = self.ctx.clone();
-        let timeout = Duration::from_secs_f64(timeout_seconds.max(0.0));
+        let timeout = outcome_delay_from_secs("timeout_seconds", timeout_seconds)
+            .map_err(|e| crate::errors::ValidationError::new_err(e.to_string()))?;
         bridge::spawn(py, async move {
             Ok(ctx.register_callback(timeout).await.py_err()?.0)
         })
@@ -252,12 +253,23 @@ impl NativeJobContext {
         seconds: Option<f64>,
         traceback: Option<String>,
     ) -> PyResult<bool> {
-        let secs = || Duration::from_secs_f64(seconds.unwrap_or(0.0).max(0.0));
         let text = || value.clone().unwrap_or_default();
+        // A delay the package did not refuse (a mutated or subclassed RetryAfter/Snooze) fails
+        // the attempt as a handler error naming the field and the limit: never a panic, and
+        // never a job left running with its slot held.
+        let delayed = |field: &'static str, make: fn(Duration) -> JobResult| {
+            match outcome_delay_from_secs(field, seconds.unwrap_or(0.0)) {
+                Ok(d) => Outcome::Returned(make(d)),
+                Err(e) => Outcome::Panicked {
+                    message: format!("invalid outcome: {e}"),
+                    traceback: None,
+                },
+            }
+        };
         let out = match outcome {
             "completed" => Outcome::Returned(JobResult::Completed),
-            "retry_after" => Outcome::Returned(JobResult::RetryAfter(secs())),
-            "snooze" => Outcome::Returned(JobResult::Snooze(secs())),
+            "retry_after" => delayed("RetryAfter.seconds", JobResult::RetryAfter),
+            "snooze" => delayed("Snooze.seconds", JobResult::Snooze),
             "cancel" => Outcome::Returned(JobResult::Cancel(text())),
             "wait_for_callback" => {
                 Outcome::Returned(JobResult::WaitForCallback(CallbackToken(text())))

@@ -6,6 +6,7 @@ SCHEMA_VERSION: int
 MAX_STAGED_FOLLOW_UPS: int
 MAX_STAGED_BYTES: int
 TEST_SEAMS: bool
+MAX_OUTCOME_DELAY_SECONDS: int
 
 class AwaError(Exception): ...
 class UniqueConflict(AwaError): ...

@@ -14,13 +14,15 @@ use crate::executor::claim_ahead::Slot;
 use crate::executor::config::QueueConfig;
 use crate::executor::context::{CancelSignal, JobContext, ProgressBuffer};
 use crate::executor::inflight::{Inflight, InflightSet};
-use crate::executor::result::{JobError, JobResult, Outcome, Returned};
+use crate::executor::result::{
+    check_outcome_delay, JobError, JobResult, Outcome, Returned, MAX_OUTCOME_DELAY,
+};
 use crate::executor::runtime::Shared;
 use crate::finalizer::{retry_backoff, Finalization, Transition};
 use crate::follow_ups::{FollowUps, SealedFollowUps};
 use crate::metrics;
 use crate::model::{JobErrorEntry, JobRow};
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use futures_util::FutureExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -201,6 +203,16 @@ fn error_entry(job: &JobRow, error: String, traceback: Option<String>) -> JobErr
     }
 }
 
+/// Now plus `delay`. Delays reaching here are at most [`MAX_OUTCOME_DELAY`] (checked) or a
+/// backoff of at most a day, so this cannot overflow; saturate anyway rather than panic.
+fn after(delay: Duration) -> DateTime<Utc> {
+    let now = Utc::now();
+    chrono::Duration::from_std(delay.min(MAX_OUTCOME_DELAY))
+        .ok()
+        .and_then(|d| now.checked_add_signed(d))
+        .unwrap_or(now)
+}
+
 /// Map an outcome to its named transition (`None`: abandoned, nothing to finalize).
 pub(crate) fn transition_for(
     job: &JobRow,
@@ -214,11 +226,9 @@ pub(crate) fn transition_for(
                 error: error_entry(job, format!("{error} (attempts exhausted)"), traceback),
             }
         } else {
-            let run_at = Utc::now()
-                + chrono::Duration::from_std(delay).unwrap_or_else(|_| chrono::Duration::days(1));
             Transition::Retryable {
                 error: error_entry(job, error, traceback),
-                run_at,
+                run_at: after(delay),
             }
         }
     };
@@ -235,13 +245,15 @@ pub(crate) fn transition_for(
             None => Transition::Completed,
         },
         Outcome::Returned(JobResult::RetryAfter(d)) => {
-            retry_or_fail("retry requested by the handler".into(), None, d)
+            match check_outcome_delay("RetryAfter delay", d) {
+                Ok(d) => retry_or_fail("retry requested by the handler".into(), None, d),
+                Err(e) => retry_or_fail(format!("invalid outcome: {e}"), None, retry_backoff(job.attempt)),
+            }
         }
-        Outcome::Returned(JobResult::Snooze(d)) => {
-            let run_at = Utc::now()
-                + chrono::Duration::from_std(d).unwrap_or_else(|_| chrono::Duration::days(1));
-            Transition::Snoozed { run_at }
-        }
+        Outcome::Returned(JobResult::Snooze(d)) => match check_outcome_delay("Snooze delay", d) {
+            Ok(d) => Transition::Snoozed { run_at: after(d) },
+            Err(e) => retry_or_fail(format!("invalid outcome: {e}"), None, retry_backoff(job.attempt)),
+        },
         Outcome::Returned(JobResult::Cancel(reason)) => Transition::Cancelled { reason },
         Outcome::Returned(JobResult::WaitForCallback(token)) => {
             if staged > 0 {
