@@ -192,14 +192,9 @@ impl FollowUps {
     /// future completes: no task the handler spawned can stage between its return and the
     /// seal, whichever thread it runs on and however long the outcome takes to reach the
     /// finalizer.
-    pub fn seal_on_return<F: Future>(
-        self,
-        fut: F,
-    ) -> impl Future<Output = (F::Output, SealedFollowUps)> {
-        async move {
-            let mut fut = std::pin::pin!(fut);
-            std::future::poll_fn(|cx| fut.as_mut().poll(cx).map(|out| (out, self.seal()))).await
-        }
+    pub async fn seal_on_return<F: Future>(self, fut: F) -> (F::Output, SealedFollowUps) {
+        let mut fut = std::pin::pin!(fut);
+        std::future::poll_fn(|cx| fut.as_mut().poll(cx).map(|out| (out, self.seal()))).await
     }
 
     pub fn len(&self) -> usize {

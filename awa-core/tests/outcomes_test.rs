@@ -8,9 +8,7 @@ mod support;
 use awa_core::executor::result::MAX_OUTCOME_DELAY;
 use awa_core::specs::Specs;
 use awa_core::testing::work_one;
-use awa_core::{
-    get_job, insert, Client, JobArgs, JobContext, JobResult, JobState, QueueConfig,
-};
+use awa_core::{get_job, insert, Client, JobArgs, JobContext, JobResult, JobState, QueueConfig};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,25 +46,35 @@ async fn work_one_fails_an_attempt_whose_delay_is_beyond_the_limit() {
     });
     for snooze in [false, true] {
         for secs in BAD {
-            let job = insert(&db.pool, Delayed { snooze, secs }).await.expect("insert");
+            let job = insert(&db.pool, Delayed { snooze, secs })
+                .await
+                .expect("insert");
             let r = work_one(&db.pool, "default", h.clone(), &Specs::default())
                 .await
                 .expect("work_one");
             assert_eq!(r.outcome, "retryable", "{snooze} {secs}");
             let error = r.error.unwrap_or_default();
-            let field = if snooze { "Snooze delay" } else { "RetryAfter delay" };
+            let field = if snooze {
+                "Snooze delay"
+            } else {
+                "RetryAfter delay"
+            };
             assert!(
                 error.contains("invalid outcome") && error.contains(field),
                 "{error}"
             );
             assert!(
-                error.contains(&MAX_OUTCOME_DELAY.as_secs().to_string()) && error.contains("10 years"),
+                error.contains(&MAX_OUTCOME_DELAY.as_secs().to_string())
+                    && error.contains("10 years"),
                 "{error}"
             );
             let row = get_job(&db.pool, job.id).await.expect("get");
             assert_eq!(row.state, JobState::Retryable);
             let soon = chrono::Utc::now() + chrono::Duration::days(2);
-            assert!(row.run_at < soon, "the backoff of an error, not the refused delay");
+            assert!(
+                row.run_at < soon,
+                "the backoff of an error, not the refused delay"
+            );
         }
     }
     // At the limit it is honoured.
@@ -103,13 +111,22 @@ async fn the_runtime_fails_such_an_attempt_and_frees_its_slot() {
     let mut ids = Vec::new();
     for snooze in [false, true] {
         for secs in BAD {
-            ids.push(insert(&db.pool, Delayed { snooze, secs }).await.expect("insert").id);
+            ids.push(
+                insert(&db.pool, Delayed { snooze, secs })
+                    .await
+                    .expect("insert")
+                    .id,
+            );
         }
     }
     client.start().await.expect("start");
     for id in ids {
         let row = wait_for_state(&db, id, &[JobState::Retryable], Duration::from_secs(10)).await;
-        assert!(row.errors[0].error.contains("10 years"), "{}", row.errors[0].error);
+        assert!(
+            row.errors[0].error.contains("10 years"),
+            "{}",
+            row.errors[0].error
+        );
     }
     client.shutdown(Duration::from_secs(5)).await;
 }

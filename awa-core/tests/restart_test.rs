@@ -124,7 +124,16 @@ impl PrivateCluster {
         run(
             {
                 let mut c = as_postgres("pg_ctl");
-                c.args(["-D", &data, "-w", "-l", &format!("{data}/log"), "-o", &opts, "start"]);
+                c.args([
+                    "-D",
+                    &data,
+                    "-w",
+                    "-l",
+                    &format!("{data}/log"),
+                    "-o",
+                    &opts,
+                    "start",
+                ]);
                 c
             },
             "pg_ctl start",
@@ -212,11 +221,7 @@ async fn finalizations_outlast_two_restarts_with_no_lost_and_no_duplicate_jobs()
         .queue("drain", QueueConfig::new(16))
         .config(config)
         .register::<Drained, _, _>(move |args, ctx| {
-            *execs
-                .lock()
-                .expect("lock")
-                .entry(ctx.job().id)
-                .or_insert(0) += 1;
+            *execs.lock().expect("lock").entry(ctx.job().id).or_insert(0) += 1;
             ran2.fetch_add(1, Ordering::SeqCst);
             let follow_ups = ctx.follow_ups();
             async move {
@@ -282,9 +287,12 @@ async fn finalizations_outlast_two_restarts_with_no_lost_and_no_duplicate_jobs()
     let counts = executions.lock().expect("lock").clone();
     let never_ran = JOBS as usize - counts.len();
     let duplicates: u32 = counts.values().map(|c| c - 1).sum();
-    let children = count(&pool, "SELECT count(*) FROM awa.jobs WHERE kind = 'drained_child'")
-        .await
-        .expect("count children");
+    let children = count(
+        &pool,
+        "SELECT count(*) FROM awa.jobs WHERE kind = 'drained_child'",
+    )
+    .await
+    .expect("count children");
     let distinct_children = count(
         &pool,
         "SELECT count(DISTINCT args->>'parent') FROM awa.jobs WHERE kind = 'drained_child'",

@@ -871,12 +871,17 @@ async fn a_stage_from_a_spawned_task_after_return_is_sealed_every_time() {
         })
         .build()
         .expect("build");
-    let ids: Vec<i64> = insert_many(&db.pool, (0..N).map(|n| EnqueueRequest::new(stage_a(n, "ok"))).collect())
-        .await
-        .expect("insert")
-        .iter()
-        .map(|j| j.id)
-        .collect();
+    let ids: Vec<i64> = insert_many(
+        &db.pool,
+        (0..N)
+            .map(|n| EnqueueRequest::new(stage_a(n, "ok")))
+            .collect(),
+    )
+    .await
+    .expect("insert")
+    .iter()
+    .map(|j| j.id)
+    .collect();
     client.start().await.expect("start");
     let mut sealed = 0;
     let mut accepted = 0;
@@ -969,6 +974,49 @@ fn staging_client(db: &TestDb, config: awa_core::RuntimeConfig, ran: &Ran) -> Cl
         .on_completed_enqueue::<StageA, Notice, _>(|a| notice(a.n, "completed"))
         .build()
         .expect("build")
+}
+
+/// Item 6 of issue 12: while a finalization waits for a working connection after a lost one,
+/// its job stays in flight and keeps being heartbeated (so rescue cannot re-run it), and the
+/// retry then commits the completion with its staged follow-up, once.
+#[tokio::test]
+async fn a_finalization_waiting_to_reconnect_keeps_its_job_heartbeated() {
+    let db = test_db().await;
+    let ran = Ran::default();
+    let config = awa_core::RuntimeConfig {
+        // Long enough that the reconnect budget (capped at half of it) is not the limit.
+        heartbeat_staleness: Duration::from_secs(20),
+        ..fast_config()
+    };
+    let client = staging_client(&db, config, &ran);
+    let a = insert(&db.pool, stage_a(7, "ok")).await.expect("insert");
+    // The first try loses its connection; the retry waits at the hold before reconnecting.
+    seams::arm(Point::BeforeCommit, Some(a.id), 1);
+    seams::hold_reconnect(a.id);
+    client.start().await.expect("start");
+    eventually("the finalization to wait for a connection", T, || async {
+        seams::is_reconnect_held(a.id).then_some(())
+    })
+    .await;
+    let before = get_job(&db.pool, a.id).await.expect("get");
+    assert_eq!(before.state, JobState::Running);
+    assert_eq!(client.in_flight().await, 1, "the job stays in flight");
+    let beat = before.heartbeat_at;
+    eventually("a heartbeat while the finalization waits", T, || async {
+        let now = get_job(&db.pool, a.id).await.ok()?;
+        (now.heartbeat_at > beat && seams::is_reconnect_held(a.id)).then_some(())
+    })
+    .await;
+    seams::release_reconnect(a.id);
+    wait_for_state(&db, a.id, &[JobState::Completed], T).await;
+    wait_idle(&client, T).await;
+    client.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(
+        b_items(&db).await,
+        vec![7],
+        "the retry inserted the follow-up once"
+    );
+    assert_eq!(ran.lock().expect("lock").len(), 1, "the handler ran once");
 }
 
 #[tokio::test]

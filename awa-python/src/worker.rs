@@ -257,15 +257,17 @@ impl NativeJobContext {
         // A delay the package did not refuse (a mutated or subclassed RetryAfter/Snooze) fails
         // the attempt as a handler error naming the field and the limit: never a panic, and
         // never a job left running with its slot held.
-        let delayed = |field: &'static str, make: fn(Duration) -> JobResult| {
-            match outcome_delay_from_secs(field, seconds.unwrap_or(0.0)) {
+        let delayed =
+            |field: &'static str, make: fn(Duration) -> JobResult| match outcome_delay_from_secs(
+                field,
+                seconds.unwrap_or(0.0),
+            ) {
                 Ok(d) => Outcome::Returned(make(d)),
                 Err(e) => Outcome::Panicked {
                     message: format!("invalid outcome: {e}"),
                     traceback: None,
                 },
-            }
-        };
+            };
         let out = match outcome {
             "completed" => Outcome::Returned(JobResult::Completed),
             "retry_after" => delayed("RetryAfter.seconds", JobResult::RetryAfter),

@@ -98,7 +98,10 @@ pub enum OutcomeDelayError {
 }
 
 /// Check an outcome's delay against [`MAX_OUTCOME_DELAY`].
-pub fn check_outcome_delay(field: &'static str, delay: Duration) -> Result<Duration, OutcomeDelayError> {
+pub fn check_outcome_delay(
+    field: &'static str,
+    delay: Duration,
+) -> Result<Duration, OutcomeDelayError> {
     if delay > MAX_OUTCOME_DELAY {
         return Err(OutcomeDelayError::OutOfRange {
             field,
@@ -110,7 +113,10 @@ pub fn check_outcome_delay(field: &'static str, delay: Duration) -> Result<Durat
 
 /// An outcome's delay given as seconds (the Python boundary): finite, non-negative and within
 /// [`MAX_OUTCOME_DELAY`], or refused.
-pub fn outcome_delay_from_secs(field: &'static str, secs: f64) -> Result<Duration, OutcomeDelayError> {
+pub fn outcome_delay_from_secs(
+    field: &'static str,
+    secs: f64,
+) -> Result<Duration, OutcomeDelayError> {
     let refuse = || OutcomeDelayError::OutOfRange {
         field,
         got: format!("{secs}"),
@@ -127,9 +133,15 @@ mod tests {
 
     #[test]
     fn delays_beyond_the_limit_or_not_numbers_are_refused() {
-        for bad in [1e300, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -1.0, 315_360_000.5] {
-            let e = outcome_delay_from_secs("RetryAfter.seconds", bad)
-                .expect_err("refused");
+        for bad in [
+            1e300,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            -1.0,
+            315_360_000.5,
+        ] {
+            let e = outcome_delay_from_secs("RetryAfter.seconds", bad).expect_err("refused");
             assert!(e.to_string().contains("RetryAfter.seconds"), "{e}");
             assert!(e.to_string().contains("315360000"), "{e}");
         }

@@ -143,7 +143,10 @@ pub(crate) async fn run_job(shared: Arc<Shared>, qc: QueueConfig, claimed: Claim
     // what it staged, rather than let it stage on.
     let unsealed = ctx.follow_ups.seal();
     if !unsealed.is_empty() || unsealed.poison.is_some() {
-        tracing::warn!(job_id, "handler returned without sealing its staging buffer");
+        tracing::warn!(
+            job_id,
+            "handler returned without sealing its staging buffer"
+        );
         sealed.follow_ups.extend(unsealed.follow_ups);
         sealed.poison = sealed.poison.or(unsealed.poison);
     }
@@ -247,12 +250,20 @@ pub(crate) fn transition_for(
         Outcome::Returned(JobResult::RetryAfter(d)) => {
             match check_outcome_delay("RetryAfter delay", d) {
                 Ok(d) => retry_or_fail("retry requested by the handler".into(), None, d),
-                Err(e) => retry_or_fail(format!("invalid outcome: {e}"), None, retry_backoff(job.attempt)),
+                Err(e) => retry_or_fail(
+                    format!("invalid outcome: {e}"),
+                    None,
+                    retry_backoff(job.attempt),
+                ),
             }
         }
         Outcome::Returned(JobResult::Snooze(d)) => match check_outcome_delay("Snooze delay", d) {
             Ok(d) => Transition::Snoozed { run_at: after(d) },
-            Err(e) => retry_or_fail(format!("invalid outcome: {e}"), None, retry_backoff(job.attempt)),
+            Err(e) => retry_or_fail(
+                format!("invalid outcome: {e}"),
+                None,
+                retry_backoff(job.attempt),
+            ),
         },
         Outcome::Returned(JobResult::Cancel(reason)) => Transition::Cancelled { reason },
         Outcome::Returned(JobResult::WaitForCallback(token)) => {

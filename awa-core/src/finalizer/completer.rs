@@ -137,9 +137,7 @@ impl Completer {
                 // Under load (the previous flush had company), wait a moment for more so one
                 // commit covers many completions; on an idle queue a completion flushes at
                 // once.
-                if ids.len() >= max
-                    || last_len <= 1
-                    || tokio::time::Instant::now() >= linger_until
+                if ids.len() >= max || last_len <= 1 || tokio::time::Instant::now() >= linger_until
                 {
                     break;
                 }
@@ -147,7 +145,8 @@ impl Completer {
             }
             last_len = ids.len();
             // A failure is logged and counted inside; its jobs stay running until rescue.
-            let _ = batched::complete_batch_with(&self.pool, &ids, &leases, &self.settings.retry).await;
+            let _ =
+                batched::complete_batch_with(&self.pool, &ids, &leases, &self.settings.retry).await;
             for id in ids.drain(..) {
                 (self.settled)(id);
             }

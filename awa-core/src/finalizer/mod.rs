@@ -23,13 +23,13 @@ pub mod retry;
 pub(crate) mod waker;
 
 use crate::error::AwaError;
-use retry::{Failure, Ready};
-pub use retry::{RetryPolicy, DEFAULT_RECONNECT_BUDGET};
 use crate::follow_ups::SealedFollowUps;
 use crate::metrics;
 use crate::model::{JobErrorEntry, JobRow};
 use crate::specs::Specs;
 use chrono::{DateTime, Utc};
+use retry::{Failure, Ready};
+pub use retry::{RetryPolicy, DEFAULT_RECONNECT_BUDGET};
 use sqlx::PgPool;
 use std::sync::Arc;
 
@@ -149,6 +149,7 @@ pub(crate) async fn finalize_with_retry_via(
         let failure = retry::classify(&e);
         if failure != Failure::Permanent && attempt < MAX_FINALIZE_ATTEMPTS {
             if failure == Failure::ConnectionLost {
+                crate::seams::reconnecting(fin.job.id).await;
                 match reconnect.working_connection(pool).await {
                     Ready::On(c) => conn = Some(c),
                     Ready::Now => {}
