@@ -12,9 +12,8 @@ import dataclasses
 import math
 from typing import Any
 
-import pytest
-
 import awa
+import pytest
 from awa._outcomes import MAX_DELAY_SECONDS
 from helpers import FAST, wait_for_state
 

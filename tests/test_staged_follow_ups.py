@@ -6,9 +6,8 @@ import asyncio
 import dataclasses
 from typing import Any
 
-import pytest
-
 import awa
+import pytest
 from awa import _awa
 from awa.testing import AwaTestClient, HandlerJob
 from helpers import FAST, wait_for, wait_for_state

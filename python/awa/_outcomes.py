@@ -8,7 +8,7 @@ from typing import Any
 
 from . import _awa
 
-__all__ = ["RetryAfter", "Snooze", "Cancel", "WaitForCallback", "MAX_DELAY_SECONDS"]
+__all__ = ["MAX_DELAY_SECONDS", "Cancel", "RetryAfter", "Snooze", "WaitForCallback"]
 
 #: The longest delay ``RetryAfter`` and ``Snooze`` accept: 10 years (315,360,000 seconds), the
 #: engine's limit. Longer, negative, NaN or infinite delays raise ``awa.ValidationError``.

@@ -58,7 +58,7 @@ def _seconds(result: Any) -> float:
     subclassed outcome), which the engine refuses as a handler error naming the limit."""
     try:
         return float(result.seconds)
-    except Exception:
+    except (TypeError, ValueError, OverflowError, AttributeError):
         return math.nan
 
 
@@ -107,7 +107,7 @@ async def run_handler(ctx: Any, spec: TaskSpec, raw: Optional[dict[str, Any]] = 
     else:
         try:
             _finish_with_result(ctx, result)
-        except Exception as exc:  # a broken outcome object (say, a str() that raises)
+        except Exception as exc:  # noqa: BLE001 - a broken outcome object must still finish the attempt
             ctx.finish("error", value=f"invalid outcome: {type(exc).__name__}: {exc}",
                        traceback=_short_traceback(exc))
     finally:
