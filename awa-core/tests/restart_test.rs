@@ -3,7 +3,8 @@
 //! The test starts a PRIVATE PostgreSQL cluster (initdb as the `postgres` user, a free loopback
 //! port, a data directory under /tmp; the shared server is never touched), drains 3,000 jobs
 //! through a running client whose handler counts its executions, and restarts the cluster
-//! twice mid-drain with `pg_ctl restart -m fast`. Every third job stages a follow-up, so both
+//! twice mid-drain with `pg_ctl restart -m fast`, then kills every connection of the database
+//! (`pg_terminate_backend`) once more. Every third job stages a follow-up, so both
 //! completion paths (batched and per-job) cross the restarts.
 //!
 //! Asserted: no job is lost (all 3,000 complete), every staging job has exactly one follow-up
@@ -253,16 +254,34 @@ async fn finalizations_outlast_two_restarts_with_no_lost_and_no_duplicate_jobs()
     }
     client.start().await.expect("start");
 
-    // Restart when a third, then two thirds of the jobs have run (progress, not time).
+    // Restart when a third, then two thirds of the jobs have run (progress, not time); then,
+    // at five sixths, kill every connection of the database from another session.
     let mut restarts = Vec::new();
     for at in [JOBS as usize / 3, 2 * JOBS as usize / 3] {
         until("the drain to progress", Duration::from_secs(120), || {
             ran.load(Ordering::SeqCst) >= at
         })
         .await;
+        let mid_drain = ran.load(Ordering::SeqCst);
+        assert!(mid_drain < JOBS as usize, "the restart must hit mid-drain");
         let took = tokio::task::block_in_place(|| cluster.restart());
         restarts.push(took);
     }
+    until("the drain to progress", Duration::from_secs(120), || {
+        ran.load(Ordering::SeqCst) >= 5 * JOBS as usize / 6
+    })
+    .await;
+    let mut killer = <sqlx::PgConnection as sqlx::Connection>::connect(&cluster.url())
+        .await
+        .expect("connect the killer");
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()) AS t",
+    )
+    .fetch_one(&mut killer)
+    .await
+    .expect("terminate backends");
+    drop(killer);
 
     // Every job completes: by its own finalization, or after rescue of one whose claim
     // acknowledgement was lost.
@@ -301,8 +320,8 @@ async fn finalizations_outlast_two_restarts_with_no_lost_and_no_duplicate_jobs()
     .expect("count children");
     let staging = (0..JOBS).filter(|n| n % 3 == 0).count() as i64;
     println!(
-        "restart test: {JOBS} jobs, reconnect budget {budget:?}, restarts took {restarts:?}: \
-         duplicate executions {duplicates}, jobs never run {never_ran}, follow-ups \
+        "restart test: {JOBS} jobs, reconnect budget {budget:?}, restarts took {restarts:?}, \
+         {killed} connections killed: duplicate executions {duplicates}, jobs never run {never_ran}, follow-ups \
          {children} ({distinct_children} distinct) of {staging}"
     );
     assert_eq!(never_ran, 0, "every job ran");
