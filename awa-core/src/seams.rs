@@ -4,19 +4,19 @@
 //! A test arms a fault at a point of finalization for one job (or any job); the next time the
 //! finalizer passes that point for a matching job, the fault fires once.
 //!
-//! A test can also force claim-ahead on a queue ([`force_claim_ahead`]): the dispatcher then
+//! A test can also force claim-ahead on a queue (`force_claim_ahead`): the dispatcher then
 //! buffers a full batch whenever the queue has a backlog, whatever it measured, so a test can
 //! hold handlers on a gate and still have jobs waiting in the buffer. Keyed by queue name,
 //! like faults by job id, so tests running in parallel do not see each other's.
 //!
 //! A test can hold the runner at the instant a handler's outcome has been handed over
-//! ([`hold_after_return`]): the runner (and `testing::work_one`) then waits there until the
-//! test calls [`release`], so a task the handler spawned can try to stage while the attempt is
+//! (`hold_after_return`): the runner (and `testing::work_one`) then waits there until the
+//! test calls `release`, so a task the handler spawned can try to stage while the attempt is
 //! known to be past its return and not yet finalized. Keyed by the attempt's staging buffer
 //! (not by job id, which repeats across the test databases of one process).
 //!
 //! A test can also hold a per-job finalization that lost its connection just before it waits
-//! for a working one ([`hold_reconnect`], keyed by job id: use `isolate_ids`).
+//! for a working one (`hold_reconnect`, keyed by job id: use `isolate_ids`).
 
 /// Where a fault can be injected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,7 @@
 //! loop's thread (Python) — so the runner receives the outcome with the sealed follow-ups and
 //! nothing can be staged afterwards however long it takes to get here. It maps the outcome to
 //! a named transition and hands the finalization over; path choice, batching and retries are
-//! the completer's ([`crate::finalizer::completer`]).
+//! the completer's (`finalizer::completer`).
 //!
 //! [`sealed_on_return`]: crate::executor::sealed_on_return
 

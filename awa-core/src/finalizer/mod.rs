@@ -6,7 +6,7 @@
 //! - **per-job transaction** ([`per_job::finalize_in_tx`]): every other outcome, and any
 //!   completion that inserts follow-ups (registered specs first, then staged ones).
 //!
-//! The [`completer`] owns completion in a running client: the executor hands it each
+//! The completer (`completer.rs`) owns completion in a running client: the executor hands it each
 //! attempt's sealed [`Finalization`], and it chooses the path and runs the batcher.
 //!
 //! Both paths retry (see [`retry`]): a deadlock, serialization failure or lost connection
