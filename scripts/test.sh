@@ -21,7 +21,8 @@ if ! (cd "$ROOT" && cargo test --workspace --doc --no-fail-fast); then
     failed+=("cargo test --doc")
 fi
 
-if build_wheel; then
+# The seam tests (tests/test_staged_follow_ups.py, tests/test_outcomes.py) need the seams.
+if build_wheel "--features test-seams"; then
     log "pytest"
     rc=0
     (cd "$ROOT" && "$PY" -m pytest -q "$@") || rc=$?

@@ -6,9 +6,9 @@ import asyncio
 import dataclasses
 from typing import Any
 
-import pytest
-
 import awa
+import pytest
+from awa import _awa
 from awa.testing import AwaTestClient, HandlerJob
 from helpers import FAST, wait_for, wait_for_state
 
@@ -113,29 +113,83 @@ async def test_every_other_outcome_discards(client: awa.AsyncClient, mode: str) 
         assert client.metrics()["STAGED_DISCARDED_WAIT_FOR_CALLBACK"] == before + 1
 
 
-async def test_sealed_after_the_handler_returns(client: awa.AsyncClient) -> None:
-    late: list[BaseException] = []
-    later = asyncio.Event()
+def _late_stager(job: awa.Job, outcomes: list[str], held: bool) -> Any:
+    """A coroutine for a task the handler spawns and does not await: it stages after the
+    handler returned. With ``held`` (the test seam armed), it first waits (bounded) until the
+    Rust runner is held right after the outcome was handed over, then releases it."""
+    ctx = job._ctx
+    loop = asyncio.get_running_loop()
+
+    async def late() -> None:
+        if held:
+            deadline = loop.time() + 10
+            while not ctx.test_seam("held") and loop.time() < deadline:
+                await asyncio.sleep(0.001)
+        try:
+            job.enqueue_on_completion(StageB(item_id=job.args.order_id))
+            outcomes.append("accepted")
+        except awa.StagingError as exc:
+            outcomes.append(str(exc))
+        finally:
+            if held:
+                ctx.test_seam("release")
+
+    return late()
+
+
+@pytest.mark.parametrize("seam", [True, False], ids=["held", "unheld"])
+async def test_sealed_the_instant_the_handler_returns(client: awa.AsyncClient, seam: bool) -> None:
+    """ADR-046, "Lifetime of the staging buffer": ``finish()`` seals on the event loop's thread
+    before the outcome is handed over, so a spawned task's stage is refused 200 of 200 times.
+    The held variant holds the Rust runner after the hand-over until the task has tried, which
+    makes a late seal accept every one of them; the unheld one needs no seam."""
+    if seam and not _awa.TEST_SEAMS:
+        pytest.skip("the wheel was built without the test-seams feature")
+    n = 200
+    outcomes: list[str] = []
 
     @client.task(StageA)
     async def stage_a(job: awa.Job) -> None:
-        async def too_late() -> None:
-            await asyncio.sleep(0.2)
-            try:
-                job.enqueue_on_completion(StageB(item_id=99))
-            except awa.StagingError as exc:
-                late.append(exc)
-            later.set()
-        asyncio.get_running_loop().create_task(too_late())
+        if seam:
+            job._ctx.test_seam("hold")
+        asyncio.get_running_loop().create_task(_late_stager(job, outcomes, seam))
 
-    job = await client.insert(StageA(order_id=1, item_id=1))
-    await client.start([("default", 1)], **FAST)
+    for order in range(n):
+        await client.insert(StageA(order_id=order, item_id=1))
+    await client.start([("default", 8)], **FAST)
     try:
-        await wait_for_state(client, job.id, "completed")
-        await asyncio.wait_for(later.wait(), 5)
+        async def settled() -> bool:
+            if len(outcomes) < n:
+                return False
+            jobs = await client.list_jobs(kind="stage_a", limit=1000)
+            return len(jobs) == n and all(j.state == "completed" for j in jobs)
+        await wait_for(settled, what="every A completed and every late stage tried")
     finally:
         await client.shutdown()
-    assert late and "already returned" in str(late[0])
+    accepted = outcomes.count("accepted")
+    assert accepted == 0, f"{accepted} of {n} late stages were accepted"
+    assert all("already returned" in o for o in outcomes)
+    assert await b_jobs(client) == []
+
+
+async def test_work_one_seals_the_instant_the_handler_returns(client: awa.AsyncClient) -> None:
+    if not _awa.TEST_SEAMS:
+        pytest.skip("the wheel was built without the test-seams feature")
+    t = AwaTestClient(client)
+    n = 50
+    outcomes: list[str] = []
+    tasks: list[asyncio.Task[None]] = []
+
+    async def stage(job: awa.Job) -> None:
+        job._ctx.test_seam("hold")
+        tasks.append(asyncio.get_running_loop().create_task(_late_stager(job, outcomes, True)))
+
+    for order in range(n):
+        await client.insert(StageA(order_id=order, item_id=1))
+        result = await t.work_one(StageA, stage)
+        assert result.outcome == "completed"
+    await asyncio.gather(*tasks)
+    assert outcomes.count("accepted") == 0, outcomes
     assert await b_jobs(client) == []
 
 

@@ -11,6 +11,7 @@
 //! complete without the follow-up it asked for.
 
 use crate::model::{validate, EnqueueRequest, InsertOpts, JobArgs, NewJob};
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// At most this many follow-ups per attempt (see the ADR's subtransaction-cache argument).
@@ -181,13 +182,29 @@ impl FollowUps {
         }
     }
 
-    /// Seal the buffer (the executor calls this when the handler returns).
+    /// Seal the buffer and take its contents (the executor does this the instant the handler
+    /// returns; a second call returns nothing).
     pub fn seal(&self) -> SealedFollowUps {
         self.buffer.seal()
     }
 
+    /// Wrap a handler's future so that the buffer is sealed in the very poll in which the
+    /// future completes: no task the handler spawned can stage between its return and the
+    /// seal, whichever thread it runs on and however long the outcome takes to reach the
+    /// finalizer.
+    pub async fn seal_on_return<F: Future>(self, fut: F) -> (F::Output, SealedFollowUps) {
+        let mut fut = std::pin::pin!(fut);
+        std::future::poll_fn(|cx| fut.as_mut().poll(cx).map(|out| (out, self.seal()))).await
+    }
+
     pub fn len(&self) -> usize {
         self.buffer.len()
+    }
+
+    /// An identity of the attempt's buffer, shared by every clone (keys the test seams).
+    #[cfg_attr(not(feature = "test-seams"), allow(dead_code))]
+    pub(crate) fn identity(&self) -> usize {
+        Arc::as_ptr(&self.buffer) as usize
     }
 
     pub fn is_empty(&self) -> bool {

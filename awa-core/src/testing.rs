@@ -3,6 +3,7 @@
 
 use crate::error::{AwaError, Result};
 use crate::executor::context::{CancelSignal, JobContext, ProgressBuffer, StateMap};
+use crate::executor::result::{Outcome, Returned};
 use crate::executor::runner::transition_for;
 use crate::executor::{callbacks::CallbackWaiters, ErasedHandler};
 use crate::finalizer::{finalize_with_retry, Finalization, Finalized, Transition};
@@ -78,17 +79,28 @@ pub async fn work_one_of_kind(
         state: StateMap::default(),
         callbacks: CallbackWaiters::default(),
     });
-    let outcome = match AssertUnwindSafe(handler.run(ctx.clone()))
+    // As in the runner: the buffer is sealed the instant the handler returns (inside its
+    // future, or by the Python bridge's `finish()`); a panic seals it here.
+    let Returned {
+        outcome,
+        follow_ups: mut sealed,
+    } = match AssertUnwindSafe(handler.run(ctx.clone()))
         .catch_unwind()
         .await
     {
-        Ok(o) => o,
-        Err(_) => crate::executor::result::Outcome::Panicked {
-            message: "panic".into(),
-            traceback: None,
+        Ok(returned) => returned,
+        Err(_) => Returned {
+            outcome: Outcome::Panicked {
+                message: "panic".into(),
+                traceback: None,
+            },
+            follow_ups: ctx.follow_ups.seal(),
         },
     };
-    let sealed = ctx.follow_ups.seal();
+    let unsealed = ctx.follow_ups.seal();
+    sealed.follow_ups.extend(unsealed.follow_ups);
+    sealed.poison = sealed.poison.or(unsealed.poison);
+    crate::seams::after_return(&ctx.follow_ups).await;
     let progress = ctx.progress();
     let job = ctx.job.clone();
     let Some(transition) = transition_for(&job, outcome, &sealed) else {

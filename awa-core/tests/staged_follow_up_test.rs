@@ -834,6 +834,119 @@ async fn staging_after_the_handler_returned_is_refused() {
     );
 }
 
+/// Wait (bounded) until the runner of `follow_ups`' attempt waits at the after-return hold,
+/// then try a late stage and let the runner go on.
+async fn stage_once_held(follow_ups: FollowUps, item_id: i64) -> Result<(), StageError> {
+    let deadline = tokio::time::Instant::now() + T;
+    while !seams::is_held(&follow_ups) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let late = follow_ups.enqueue_on_completion(StageB { item_id });
+    seams::release(&follow_ups);
+    late
+}
+
+/// ADR-046, "Lifetime of the staging buffer": the buffer is sealed in the poll in which the
+/// handler's future completes. The seam holds the runner right after the outcome is handed
+/// over, so each spawned task's stage lands in exactly the window where a runner that sealed
+/// later would still accept it: 200 of 200 must be Sealed, and no B may exist.
+#[tokio::test]
+async fn a_stage_from_a_spawned_task_after_return_is_sealed_every_time() {
+    const N: i64 = 200;
+    let db = test_db().await;
+    let (tx, mut results) = mpsc::unbounded_channel::<Result<(), StageError>>();
+    let client = base(&db)
+        .register::<StageA, _, _>(move |args, ctx| {
+            let follow_ups = ctx.follow_ups();
+            seams::hold_after_return(&follow_ups);
+            let tx = tx.clone();
+            async move {
+                // A task the handler spawns and does not await.
+                tokio::spawn(async move {
+                    let late = stage_once_held(follow_ups, args.n).await;
+                    tx.send(late).expect("report");
+                });
+                Ok(JobResult::Completed)
+            }
+        })
+        .build()
+        .expect("build");
+    let ids: Vec<i64> = insert_many(
+        &db.pool,
+        (0..N)
+            .map(|n| EnqueueRequest::new(stage_a(n, "ok")))
+            .collect(),
+    )
+    .await
+    .expect("insert")
+    .iter()
+    .map(|j| j.id)
+    .collect();
+    client.start().await.expect("start");
+    let mut sealed = 0;
+    let mut accepted = 0;
+    for _ in 0..N {
+        let late = tokio::time::timeout(T, results.recv())
+            .await
+            .expect("every spawned task reported")
+            .expect("open");
+        match late {
+            Err(StageError::Sealed) => sealed += 1,
+            Ok(()) => accepted += 1,
+            Err(other) => panic!("unexpected staging error {other}"),
+        }
+    }
+    for id in &ids {
+        wait_for_state(&db, *id, &[JobState::Completed], T).await;
+    }
+    wait_idle(&client, T).await;
+    client.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(
+        (sealed, accepted),
+        (N, 0),
+        "every stage after the handler returned is refused"
+    );
+    assert_eq!(count_kind(&db, "stage_b").await, 0);
+}
+
+/// The same for the `work_one` harness: it seals when the handler's future completes.
+#[tokio::test]
+async fn work_one_seals_when_the_handler_returns() {
+    const N: i64 = 200;
+    let db = test_db().await;
+    let (tx, mut results) = mpsc::unbounded_channel::<Result<(), StageError>>();
+    let h = handler(move |ctx: Arc<JobContext>| {
+        let follow_ups = ctx.follow_ups();
+        seams::hold_after_return(&follow_ups);
+        let tx = tx.clone();
+        let n = ctx.job().id;
+        async move {
+            tokio::spawn(async move {
+                tx.send(stage_once_held(follow_ups, n).await)
+                    .expect("report");
+            });
+            Ok(JobResult::Completed)
+        }
+    });
+    let mut sealed = 0;
+    for n in 0..N {
+        insert(&db.pool, stage_a(n, "ok")).await.expect("insert");
+        let r = work_one(&db.pool, "default", h.clone(), &Specs::default())
+            .await
+            .expect("work_one");
+        assert_eq!(r.outcome, "completed");
+        let late = tokio::time::timeout(T, results.recv())
+            .await
+            .expect("the spawned task reported")
+            .expect("open");
+        if late == Err(StageError::Sealed) {
+            sealed += 1;
+        }
+    }
+    assert_eq!(sealed, N, "every late stage is refused");
+    assert_eq!(count_kind(&db, "stage_b").await, 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // One transaction: rollback, finalize retries, stale leases, path selection
 // ---------------------------------------------------------------------------------------------
@@ -861,6 +974,49 @@ fn staging_client(db: &TestDb, config: awa_core::RuntimeConfig, ran: &Ran) -> Cl
         .on_completed_enqueue::<StageA, Notice, _>(|a| notice(a.n, "completed"))
         .build()
         .expect("build")
+}
+
+/// Item 6 of issue 12: while a finalization waits for a working connection after a lost one,
+/// its job stays in flight and keeps being heartbeated (so rescue cannot re-run it), and the
+/// retry then commits the completion with its staged follow-up, once.
+#[tokio::test]
+async fn a_finalization_waiting_to_reconnect_keeps_its_job_heartbeated() {
+    let db = test_db().await;
+    let ran = Ran::default();
+    let config = awa_core::RuntimeConfig {
+        // Long enough that the reconnect budget (capped at half of it) is not the limit.
+        heartbeat_staleness: Duration::from_secs(20),
+        ..fast_config()
+    };
+    let client = staging_client(&db, config, &ran);
+    let a = insert(&db.pool, stage_a(7, "ok")).await.expect("insert");
+    // The first try loses its connection; the retry waits at the hold before reconnecting.
+    seams::arm(Point::BeforeCommit, Some(a.id), 1);
+    seams::hold_reconnect(a.id);
+    client.start().await.expect("start");
+    eventually("the finalization to wait for a connection", T, || async {
+        seams::is_reconnect_held(a.id).then_some(())
+    })
+    .await;
+    let before = get_job(&db.pool, a.id).await.expect("get");
+    assert_eq!(before.state, JobState::Running);
+    assert_eq!(client.in_flight().await, 1, "the job stays in flight");
+    let beat = before.heartbeat_at;
+    eventually("a heartbeat while the finalization waits", T, || async {
+        let now = get_job(&db.pool, a.id).await.ok()?;
+        (now.heartbeat_at > beat && seams::is_reconnect_held(a.id)).then_some(())
+    })
+    .await;
+    seams::release_reconnect(a.id);
+    wait_for_state(&db, a.id, &[JobState::Completed], T).await;
+    wait_idle(&client, T).await;
+    client.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(
+        b_items(&db).await,
+        vec![7],
+        "the retry inserted the follow-up once"
+    );
+    assert_eq!(ran.lock().expect("lock").len(), 1, "the handler ran once");
 }
 
 #[tokio::test]

@@ -62,6 +62,13 @@ fn _awa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add("MAX_STAGED_BYTES", awa_core::follow_ups::MAX_STAGED_BYTES)?;
     m.add_function(wrap_pyfunction!(derive_kind, m)?)?;
+    // The longest RetryAfter/Snooze delay, in seconds (awa_core's MAX_OUTCOME_DELAY).
+    m.add(
+        "MAX_OUTCOME_DELAY_SECONDS",
+        awa_core::executor::result::MAX_OUTCOME_DELAY.as_secs(),
+    )?;
+    // Whether NativeJobContext.test_seam works (the `test-seams` feature).
+    m.add("TEST_SEAMS", cfg!(feature = "test-seams"))?;
     m.add(
         "SCHEMA_VERSION",
         awa_core::storage::migrations::latest_version(),

@@ -10,6 +10,7 @@
 use crate::bridge;
 use crate::errors::{to_py, IntoPyResult, StagingError};
 use awa_core::executor::context::CallbackToken;
+use awa_core::executor::result::{outcome_delay_from_secs, Returned};
 use awa_core::model::UntypedRequest;
 use awa_core::{AwaError, ErasedHandler, JobContext, JobError, JobResult, Outcome, StageError};
 use futures_util::future::BoxFuture;
@@ -18,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Notify};
 
-type Pending = (Arc<JobContext>, oneshot::Sender<Outcome>);
+type Pending = (Arc<JobContext>, oneshot::Sender<Returned>);
 
 /// The handler registered for every Python kind: hands the job to the pump, awaits the outcome.
 pub struct PyBridge {
@@ -26,20 +27,24 @@ pub struct PyBridge {
 }
 
 impl ErasedHandler for PyBridge {
-    fn run(&self, ctx: Arc<JobContext>) -> BoxFuture<'static, Outcome> {
+    fn run(&self, ctx: Arc<JobContext>) -> BoxFuture<'static, Returned> {
         let (done_tx, done_rx) = oneshot::channel();
+        let follow_ups = ctx.follow_ups();
         let sent = self.tx.send((ctx, done_tx));
         Box::pin(async move {
+            let abandoned = |reason: &str| Returned {
+                outcome: Outcome::Abandoned {
+                    reason: reason.into(),
+                },
+                follow_ups: follow_ups.seal(),
+            };
             if sent.is_err() {
-                return Outcome::Abandoned {
-                    reason: "the Python worker stopped".into(),
-                };
+                return abandoned("the Python worker stopped");
             }
             match done_rx.await {
-                Ok(outcome) => outcome,
-                Err(_) => Outcome::Abandoned {
-                    reason: "the Python handler was dropped".into(),
-                },
+                // Sealed by `finish()` on the event loop's thread.
+                Ok(returned) => returned,
+                Err(_) => abandoned("the Python handler was dropped"),
             }
         })
     }
@@ -120,7 +125,7 @@ impl NativeWorker {
 #[pyclass(module = "awa._awa")]
 pub struct NativeJobContext {
     ctx: Arc<JobContext>,
-    done: Mutex<Option<oneshot::Sender<Outcome>>>,
+    done: Mutex<Option<oneshot::Sender<Returned>>>,
 }
 
 impl NativeJobContext {
@@ -186,7 +191,8 @@ impl NativeJobContext {
         timeout_seconds: f64,
     ) -> PyResult<Bound<'py, PyAny>> {
         let ctx = self.ctx.clone();
-        let timeout = Duration::from_secs_f64(timeout_seconds.max(0.0));
+        let timeout = outcome_delay_from_secs("timeout_seconds", timeout_seconds)
+            .map_err(|e| crate::errors::ValidationError::new_err(e.to_string()))?;
         bridge::spawn(py, async move {
             Ok(ctx.register_callback(timeout).await.py_err()?.0)
         })
@@ -230,6 +236,13 @@ impl NativeJobContext {
             .to_string()
     }
 
+    /// Test seams (wheel built with the `test-seams` feature; see `awa_core::seams`):
+    /// `"hold"` holds this attempt's runner once the outcome is handed over, `"held"` says
+    /// whether it waits there, `"release"` lets it go on. Raises RuntimeError otherwise.
+    fn test_seam(&self, action: &str) -> PyResult<bool> {
+        test_seam(&self.ctx.follow_ups(), action)
+    }
+
     /// Hand the outcome back. `outcome` is one of completed, retry_after, snooze, cancel,
     /// wait_for_callback, terminal, error, abandoned. Later calls are ignored.
     #[pyo3(signature = (outcome, value = None, seconds = None, traceback = None))]
@@ -240,12 +253,25 @@ impl NativeJobContext {
         seconds: Option<f64>,
         traceback: Option<String>,
     ) -> PyResult<bool> {
-        let secs = || Duration::from_secs_f64(seconds.unwrap_or(0.0).max(0.0));
         let text = || value.clone().unwrap_or_default();
+        // A delay the package did not refuse (a mutated or subclassed RetryAfter/Snooze) fails
+        // the attempt as a handler error naming the field and the limit: never a panic, and
+        // never a job left running with its slot held.
+        let delayed =
+            |field: &'static str, make: fn(Duration) -> JobResult| match outcome_delay_from_secs(
+                field,
+                seconds.unwrap_or(0.0),
+            ) {
+                Ok(d) => Outcome::Returned(make(d)),
+                Err(e) => Outcome::Panicked {
+                    message: format!("invalid outcome: {e}"),
+                    traceback: None,
+                },
+            };
         let out = match outcome {
             "completed" => Outcome::Returned(JobResult::Completed),
-            "retry_after" => Outcome::Returned(JobResult::RetryAfter(secs())),
-            "snooze" => Outcome::Returned(JobResult::Snooze(secs())),
+            "retry_after" => delayed("RetryAfter.seconds", JobResult::RetryAfter),
+            "snooze" => delayed("Snooze.seconds", JobResult::Snooze),
             "cancel" => Outcome::Returned(JobResult::Cancel(text())),
             "wait_for_callback" => {
                 Outcome::Returned(JobResult::WaitForCallback(CallbackToken(text())))
@@ -267,10 +293,43 @@ impl NativeJobContext {
         };
         let sender = self.done.lock().unwrap_or_else(|p| p.into_inner()).take();
         Ok(match sender {
-            Some(s) => s.send(out).is_ok(),
+            Some(s) => {
+                // Seal here, synchronously on the event loop's thread: the package calls
+                // finish() with no await after the handler's coroutine returned, so no other
+                // task has run since, and every later enqueue_on_completion gets Sealed.
+                let follow_ups = self.ctx.follow_ups().seal();
+                s.send(Returned {
+                    outcome: out,
+                    follow_ups,
+                })
+                .is_ok()
+            }
             None => false,
         })
     }
+}
+
+#[cfg(feature = "test-seams")]
+fn test_seam(follow_ups: &awa_core::FollowUps, action: &str) -> PyResult<bool> {
+    use awa_core::seams;
+    match action {
+        "hold" => seams::hold_after_return(follow_ups),
+        "held" => return Ok(seams::is_held(follow_ups)),
+        "release" => seams::release(follow_ups),
+        other => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "unknown test seam action {other:?}"
+            )))
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(not(feature = "test-seams"))]
+fn test_seam(_follow_ups: &awa_core::FollowUps, _action: &str) -> PyResult<bool> {
+    Err(pyo3::exceptions::PyRuntimeError::new_err(
+        "this build of awa._awa has no test seams (build with --features test-seams)",
+    ))
 }
 
 type WorkOne = tokio::task::JoinHandle<Result<awa_core::testing::WorkResult, AwaError>>;

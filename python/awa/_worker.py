@@ -2,7 +2,10 @@
 
 Rust claims jobs and hands them over in batches (``next_batch``); each handler runs as an
 asyncio task on the loop that called ``start()``; its outcome goes back with ``ctx.finish``,
-a synchronous call. Everything after that — sealing staged follow-ups, finalizing — is Rust.
+a synchronous call that also seals the attempt's staged follow-ups. ``run_handler`` calls it
+with no ``await`` between the handler's return and the call, so no other task (say, one the
+handler spawned and did not await) runs in between: every later ``enqueue_on_completion``
+raises ``awa.StagingError``. Finalizing is Rust.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import time
 import traceback as _tb
 from typing import Any, Awaitable, Callable, Optional
@@ -49,11 +53,23 @@ def _short_traceback(exc: BaseException) -> str:
     return "".join(_tb.format_exception(type(exc), exc, exc.__traceback__, limit=8))[-4000:]
 
 
+def _seconds(result: Any) -> float:
+    """The delay of a RetryAfter/Snooze as a float; NaN when it is not a number (a mutated or
+    subclassed outcome), which the engine refuses as a handler error naming the limit."""
+    try:
+        return float(result.seconds)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return math.nan
+
+
 def _finish_with_result(ctx: Any, result: Any) -> None:
+    # Values were checked when the outcome was built; the engine checks again in finish()
+    # (a mutated attribute or a subclass may bypass the first check) and fails the attempt
+    # cleanly as a handler error instead of leaving the job running.
     if isinstance(result, RetryAfter):
-        ctx.finish("retry_after", seconds=float(result.seconds))
+        ctx.finish("retry_after", seconds=_seconds(result))
     elif isinstance(result, Snooze):
-        ctx.finish("snooze", seconds=float(result.seconds))
+        ctx.finish("snooze", seconds=_seconds(result))
     elif isinstance(result, Cancel):
         ctx.finish("cancel", value=str(result.reason))
     elif isinstance(result, WaitForCallback):
@@ -89,7 +105,11 @@ async def run_handler(ctx: Any, spec: TaskSpec, raw: Optional[dict[str, Any]] = 
     except Exception as exc:
         ctx.finish("error", value=f"{type(exc).__name__}: {exc}", traceback=_short_traceback(exc))
     else:
-        _finish_with_result(ctx, result)
+        try:
+            _finish_with_result(ctx, result)
+        except Exception as exc:  # noqa: BLE001 - a broken outcome object must still finish the attempt
+            ctx.finish("error", value=f"invalid outcome: {type(exc).__name__}: {exc}",
+                       traceback=_short_traceback(exc))
     finally:
         if deadline_handle is not None:
             deadline_handle.cancel()

@@ -62,6 +62,13 @@ pub struct RuntimeConfig {
     /// Longest the runtime waits for one per-job finalization (with its retries). Past it the
     /// job is left to rescue; a statement already sent may still commit, all or nothing.
     pub finalize_deadline: Duration,
+    /// Longest one finalization (per-job or batched) waits, in total, for the pool to hand out
+    /// a working connection again after a lost connection (a PostgreSQL restart, a killed
+    /// backend), with exponential backoff, before each retry. Capped at half of
+    /// `heartbeat_staleness`: the waiting jobs keep being heartbeated, and a wait that outlived
+    /// the staleness window would let rescue re-run attempts that already executed. Zero
+    /// retries at once without waiting. See `finalizer::retry`.
+    pub finalize_reconnect_budget: Duration,
     /// Run the maintenance leader election in this client.
     pub maintenance: bool,
 }
@@ -84,6 +91,7 @@ impl Default for RuntimeConfig {
             completion_batch: 512,
             finalizer_concurrency: 16,
             finalize_deadline: Duration::from_secs(30),
+            finalize_reconnect_budget: crate::finalizer::DEFAULT_RECONNECT_BUDGET,
             maintenance: true,
         }
     }

@@ -11,7 +11,7 @@
 use crate::error::Result;
 use crate::executor::claim_ahead::{self, Pace, Plan, Slot, View};
 use crate::executor::config::QueueConfig;
-use crate::executor::runner::{run_job, submit, Claimed, CANCELLED_BEFORE_START};
+use crate::executor::runner::{run_job, Claimed, CANCELLED_BEFORE_START};
 use crate::executor::runtime::Shared;
 use crate::finalizer::{Finalization, Transition};
 use crate::follow_ups::SealedFollowUps;
@@ -373,7 +373,7 @@ impl Dispatcher {
             progress: None,
             dlq: self.qc.dlq,
         };
-        submit(&self.shared, fin).await;
+        self.shared.completer.submit(fin).await;
     }
 
     /// Run a job that could not be released once a slot frees (its own task, so shutdown does

@@ -7,8 +7,11 @@
 //! - [`result`]: `JobResult`, `JobError`, and the executor's `Outcome`.
 //! - `dispatcher`: one claim loop per queue; `claim_ahead`: when it claims, and how many
 //!   beyond its free slots while the queue has a backlog.
-//! - [`runner`]: runs one attempt, seals its staged follow-ups, maps the outcome to a
-//!   transition and submits it to the finalizer (batched or per-job).
+//! - [`runner`]: runs one attempt (its buffer sealed the instant the handler returns, see
+//!   [`sealed_on_return`]), maps the outcome to a transition and hands the [`Finalization`]
+//!   to the finalizer's completer, which owns path choice and batching.
+//!
+//! [`Finalization`]: crate::finalizer::Finalization
 //! - `listener`: LISTEN for wake-ups, cancel requests and callback resolutions.
 //! - `heartbeat`, `inflight`, `callbacks`: bookkeeping for running attempts.
 //! - `runtime`: shared state, start and graceful shutdown.
@@ -28,7 +31,7 @@ pub(crate) mod runtime;
 use crate::model::JobArgs;
 use context::JobContext;
 use futures_util::future::BoxFuture;
-use result::{HandlerResult, JobError, Outcome};
+use result::{HandlerResult, JobError, Outcome, Returned};
 use std::future::Future;
 use std::sync::Arc;
 
@@ -43,7 +46,25 @@ pub trait Worker: Send + Sync + 'static {
 
 /// A handler with its types erased: what the runtime stores per kind.
 pub trait ErasedHandler: Send + Sync + 'static {
-    fn run(&self, ctx: Arc<JobContext>) -> BoxFuture<'static, Outcome>;
+    /// Run one attempt. The future must seal `ctx`'s staging buffer at the instant the
+    /// handler returns and hand its contents over in [`Returned`]: wrap the handler's future
+    /// with [`sealed_on_return`] (the Python bridge seals in `finish()` instead).
+    fn run(&self, ctx: Arc<JobContext>) -> BoxFuture<'static, Returned>;
+}
+
+/// `fut`'s outcome with `ctx`'s staging buffer sealed in the poll in which `fut` completes.
+pub fn sealed_on_return(
+    ctx: &JobContext,
+    fut: impl Future<Output = Outcome> + Send + 'static,
+) -> BoxFuture<'static, Returned> {
+    let sealing = ctx.follow_ups.clone().seal_on_return(fut);
+    Box::pin(async move {
+        let (outcome, follow_ups) = sealing.await;
+        Returned {
+            outcome,
+            follow_ups,
+        }
+    })
 }
 
 pub(crate) fn outcome_of(result: HandlerResult) -> Outcome {
@@ -77,15 +98,15 @@ where
     F: Fn(A, &JobContext) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = HandlerResult> + Send + 'static,
 {
-    fn run(&self, ctx: Arc<JobContext>) -> BoxFuture<'static, Outcome> {
+    fn run(&self, ctx: Arc<JobContext>) -> BoxFuture<'static, Returned> {
         match serde_json::from_value::<A>(ctx.job.args.clone()) {
             Ok(args) => {
                 let fut = (self.f)(args, &ctx);
-                Box::pin(async move { outcome_of(fut.await) })
+                sealed_on_return(&ctx, async move { outcome_of(fut.await) })
             }
             Err(e) => {
                 let error = JobError::Terminal(format!("args do not decode as {}: {e}", A::kind()));
-                Box::pin(async move {
+                sealed_on_return(&ctx, async move {
                     Outcome::Failed {
                         error,
                         traceback: None,
@@ -100,8 +121,9 @@ where
 pub(crate) struct WorkerHandler<W>(pub(crate) Arc<W>);
 
 impl<W: Worker> ErasedHandler for WorkerHandler<W> {
-    fn run(&self, ctx: Arc<JobContext>) -> BoxFuture<'static, Outcome> {
+    fn run(&self, ctx: Arc<JobContext>) -> BoxFuture<'static, Returned> {
         let w = self.0.clone();
-        Box::pin(async move { outcome_of(w.perform(&ctx).await) })
+        let inner = ctx.clone();
+        sealed_on_return(&ctx, async move { outcome_of(w.perform(&inner).await) })
     }
 }

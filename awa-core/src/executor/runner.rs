@@ -1,27 +1,33 @@
-//! The runner: executes one attempt's handler with its context, seals the staging buffer the
-//! moment the handler returns, maps the outcome to a named transition, and hands it to the
-//! finalizer on the batched or the per-job path.
+//! The runner: executes one attempt's handler with its context and hands the outcome to the
+//! finalizer's completer as a [`Finalization`].
+//!
+//! The staging buffer is sealed the instant the handler returns — in the poll in which the
+//! handler's future completes (Rust, [`sealed_on_return`]) or inside `finish()` on the event
+//! loop's thread (Python) — so the runner receives the outcome with the sealed follow-ups and
+//! nothing can be staged afterwards however long it takes to get here. It maps the outcome to
+//! a named transition and hands the finalization over; path choice, batching and retries are
+//! the completer's (`finalizer::completer`).
+//!
+//! [`sealed_on_return`]: crate::executor::sealed_on_return
 
 use crate::executor::claim_ahead::Slot;
 use crate::executor::config::QueueConfig;
 use crate::executor::context::{CancelSignal, JobContext, ProgressBuffer};
 use crate::executor::inflight::{Inflight, InflightSet};
-use crate::executor::result::{JobError, JobResult, Outcome};
+use crate::executor::result::{
+    check_outcome_delay, JobError, JobResult, Outcome, Returned, MAX_OUTCOME_DELAY,
+};
 use crate::executor::runtime::Shared;
-use crate::finalizer::{self, batched, retry_backoff, Finalization, Transition};
+use crate::finalizer::{retry_backoff, Finalization, Transition};
 use crate::follow_ups::{FollowUps, SealedFollowUps};
 use crate::metrics;
 use crate::model::{JobErrorEntry, JobRow};
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use futures_util::FutureExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
-
-/// Longest the batched completer waits for more completions when its batch is small.
-const COMPLETION_LINGER: Duration = Duration::from_millis(2);
 
 /// The cancellation reason of a job whose cancel request arrived while it waited for a slot.
 pub(crate) const CANCELLED_BEFORE_START: &str = "requested before the handler started";
@@ -82,22 +88,31 @@ pub(crate) async fn run_job(shared: Arc<Shared>, qc: QueueConfig, claimed: Claim
     // The local deadline counts from the claim, like `deadline_at`: time spent waiting for a
     // slot is not added to the attempt's time.
     let deadline = claimed_at.checked_add(qc.deadline);
-    let outcome = if shared.abandon.is_cancelled() {
-        Outcome::Abandoned {
-            reason: "shutdown".into(),
-        }
+    let returned = if shared.abandon.is_cancelled() {
+        sealed_now(
+            &ctx,
+            Outcome::Abandoned {
+                reason: "shutdown".into(),
+            },
+        )
     } else if cancel.is_cancelled() {
         // Cancelled while it waited for a slot: it never runs.
-        Outcome::Returned(JobResult::Cancel(CANCELLED_BEFORE_START.into()))
+        sealed_now(
+            &ctx,
+            Outcome::Returned(JobResult::Cancel(CANCELLED_BEFORE_START.into())),
+        )
     } else {
         match shared.handlers.get(&ctx.job.kind) {
-            None => Outcome::Failed {
-                error: JobError::Terminal(format!(
-                    "no handler registered for job kind {:?}",
-                    ctx.job.kind
-                )),
-                traceback: None,
-            },
+            None => sealed_now(
+                &ctx,
+                Outcome::Failed {
+                    error: JobError::Terminal(format!(
+                        "no handler registered for job kind {:?}",
+                        ctx.job.kind
+                    )),
+                    traceback: None,
+                },
+            ),
             Some(handler) => {
                 let fut = AssertUnwindSafe(handler.run(ctx.clone())).catch_unwind();
                 tokio::select! {
@@ -105,23 +120,37 @@ pub(crate) async fn run_job(shared: Arc<Shared>, qc: QueueConfig, claimed: Claim
                         Some(at) => tokio::time::timeout_at(at, fut),
                         None => tokio::time::timeout(qc.deadline, fut),
                     } => match r {
-                        Ok(Ok(outcome)) => outcome,
-                        Ok(Err(panic)) => Outcome::Panicked { message: panic_message(&panic), traceback: None },
+                        Ok(Ok(returned)) => returned,
+                        Ok(Err(panic)) => sealed_now(&ctx, Outcome::Panicked { message: panic_message(&panic), traceback: None }),
                         Err(_) => {
                             cancel.cancel();
-                            Outcome::Abandoned { reason: "deadline passed".into() }
+                            sealed_now(&ctx, Outcome::Abandoned { reason: "deadline passed".into() })
                         }
                     },
                     _ = shared.abandon.cancelled() => {
                         cancel.cancel();
-                        Outcome::Abandoned { reason: "shutdown".into() }
+                        sealed_now(&ctx, Outcome::Abandoned { reason: "shutdown".into() })
                     }
                 }
             }
         }
     };
-    // The handler returned: seal its buffer now, so later stages fail with Sealed.
-    let sealed = ctx.follow_ups.seal();
+    let Returned {
+        outcome,
+        follow_ups: mut sealed,
+    } = returned;
+    // A handler that broke the `ErasedHandler` contract and did not seal: seal now and keep
+    // what it staged, rather than let it stage on.
+    let unsealed = ctx.follow_ups.seal();
+    if !unsealed.is_empty() || unsealed.poison.is_some() {
+        tracing::warn!(
+            job_id,
+            "handler returned without sealing its staging buffer"
+        );
+        sealed.follow_ups.extend(unsealed.follow_ups);
+        sealed.poison = sealed.poison.or(unsealed.poison);
+    }
+    crate::seams::after_return(&ctx.follow_ups).await;
     shared.inflight.handler_done();
     drop(slot);
     let progress_now = progress
@@ -144,8 +173,17 @@ pub(crate) async fn run_job(shared: Arc<Shared>, qc: QueueConfig, claimed: Claim
                 progress: progress_now,
                 dlq: qc.dlq,
             };
-            submit(&shared, fin).await;
+            shared.completer.submit(fin).await;
         }
+    }
+}
+
+/// An outcome the runner decided itself (the handler's future panicked, or was dropped at the
+/// deadline or shutdown): seal the buffer at once; a task the handler spawned gets Sealed.
+fn sealed_now(ctx: &JobContext, outcome: Outcome) -> Returned {
+    Returned {
+        outcome,
+        follow_ups: ctx.follow_ups.seal(),
     }
 }
 
@@ -168,6 +206,16 @@ fn error_entry(job: &JobRow, error: String, traceback: Option<String>) -> JobErr
     }
 }
 
+/// Now plus `delay`. Delays reaching here are at most [`MAX_OUTCOME_DELAY`] (checked) or a
+/// backoff of at most a day, so this cannot overflow; saturate anyway rather than panic.
+fn after(delay: Duration) -> DateTime<Utc> {
+    let now = Utc::now();
+    chrono::Duration::from_std(delay.min(MAX_OUTCOME_DELAY))
+        .ok()
+        .and_then(|d| now.checked_add_signed(d))
+        .unwrap_or(now)
+}
+
 /// Map an outcome to its named transition (`None`: abandoned, nothing to finalize).
 pub(crate) fn transition_for(
     job: &JobRow,
@@ -181,11 +229,9 @@ pub(crate) fn transition_for(
                 error: error_entry(job, format!("{error} (attempts exhausted)"), traceback),
             }
         } else {
-            let run_at = Utc::now()
-                + chrono::Duration::from_std(delay).unwrap_or_else(|_| chrono::Duration::days(1));
             Transition::Retryable {
                 error: error_entry(job, error, traceback),
-                run_at,
+                run_at: after(delay),
             }
         }
     };
@@ -202,13 +248,23 @@ pub(crate) fn transition_for(
             None => Transition::Completed,
         },
         Outcome::Returned(JobResult::RetryAfter(d)) => {
-            retry_or_fail("retry requested by the handler".into(), None, d)
+            match check_outcome_delay("RetryAfter delay", d) {
+                Ok(d) => retry_or_fail("retry requested by the handler".into(), None, d),
+                Err(e) => retry_or_fail(
+                    format!("invalid outcome: {e}"),
+                    None,
+                    retry_backoff(job.attempt),
+                ),
+            }
         }
-        Outcome::Returned(JobResult::Snooze(d)) => {
-            let run_at = Utc::now()
-                + chrono::Duration::from_std(d).unwrap_or_else(|_| chrono::Duration::days(1));
-            Transition::Snoozed { run_at }
-        }
+        Outcome::Returned(JobResult::Snooze(d)) => match check_outcome_delay("Snooze delay", d) {
+            Ok(d) => Transition::Snoozed { run_at: after(d) },
+            Err(e) => retry_or_fail(
+                format!("invalid outcome: {e}"),
+                None,
+                retry_backoff(job.attempt),
+            ),
+        },
         Outcome::Returned(JobResult::Cancel(reason)) => Transition::Cancelled { reason },
         Outcome::Returned(JobResult::WaitForCallback(token)) => {
             if staged > 0 {
@@ -244,79 +300,4 @@ pub(crate) fn transition_for(
             "staged follow-ups discarded");
     }
     Some(t)
-}
-
-/// Send a finalization down its path.
-pub(crate) async fn submit(shared: &Arc<Shared>, fin: Finalization) {
-    if fin.is_plain_completion(&shared.specs) {
-        if shared
-            .batch_tx
-            .send((fin.job.id, fin.job.run_lease))
-            .await
-            .is_err()
-        {
-            // The batcher is gone (shutdown finished): the job stays running until rescue.
-            shared.inflight.remove(fin.job.id);
-        }
-        return;
-    }
-    let permit = shared.per_job.clone().acquire_owned().await;
-    let shared2 = shared.clone();
-    tokio::spawn(async move {
-        let _permit = permit;
-        // The finalize deadline: a finalization still running after it is dropped. An open
-        // transaction rolls back; a completion statement already sent runs to its end on the
-        // server and commits with its follow-ups or not at all; a job left running is rescued
-        // later (ADR-046, last row of the commit table).
-        let deadline = shared2.config.finalize_deadline;
-        let attempt = finalizer::finalize_with_retry_via(
-            &shared2.pool,
-            &fin,
-            &shared2.specs,
-            Some(&shared2.waker),
-        );
-        if tokio::time::timeout(deadline, attempt).await.is_err() {
-            metrics::add(&metrics::FINALIZE_GAVE_UP, 1);
-            tracing::error!(job_id = fin.job.id, kind = %fin.job.kind, ?deadline,
-                "finalization passed its deadline; the job stays running until rescue");
-        }
-        shared2.inflight.remove(fin.job.id);
-    });
-}
-
-/// The batched completer: take whatever completions are waiting (up to a batch), apply them
-/// in one statement, repeat. Natural batching: the busier the queue, the bigger the batch.
-pub(crate) async fn run_batcher(shared: Arc<Shared>, mut rx: mpsc::Receiver<(i64, i64)>) {
-    let max = shared.config.completion_batch.max(1);
-    let mut ids = Vec::with_capacity(max);
-    let mut leases = Vec::with_capacity(max);
-    let mut last_len = 0usize;
-    while let Some((id, lease)) = rx.recv().await {
-        ids.push(id);
-        leases.push(lease);
-        let linger_until = tokio::time::Instant::now() + COMPLETION_LINGER;
-        loop {
-            while ids.len() < max {
-                match rx.try_recv() {
-                    Ok((id, lease)) => {
-                        ids.push(id);
-                        leases.push(lease);
-                    }
-                    Err(_) => break,
-                }
-            }
-            // Under load (the previous flush had company), wait a moment for more so one
-            // commit covers many completions; on an idle queue a completion flushes at once.
-            if ids.len() >= max || last_len <= 1 || tokio::time::Instant::now() >= linger_until {
-                break;
-            }
-            tokio::time::sleep(Duration::from_micros(500)).await;
-        }
-        last_len = ids.len();
-        let _ = batched::complete_batch(&shared.pool, &ids, &leases).await;
-        for id in ids.drain(..) {
-            shared.inflight.remove(id);
-        }
-        leases.clear();
-    }
 }

@@ -3,17 +3,17 @@
 use crate::executor::config::{QueueConfig, RuntimeConfig};
 use crate::executor::context::{CancelSignal, StateMap};
 use crate::executor::inflight::InflightSet;
-use crate::executor::{
-    callbacks::CallbackWaiters, dispatcher, heartbeat, listener, runner, ErasedHandler,
-};
+use crate::executor::{callbacks::CallbackWaiters, dispatcher, heartbeat, listener, ErasedHandler};
+use crate::finalizer::completer::{Completer, CompleterSettings, Settled};
 use crate::finalizer::waker::Waker;
+use crate::finalizer::RetryPolicy;
 use crate::specs::Specs;
 use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 /// Everything the running tasks share.
@@ -24,7 +24,8 @@ pub(crate) struct Shared {
     pub handlers: HashMap<String, Arc<dyn ErasedHandler>>,
     pub specs: Specs,
     pub state: StateMap,
-    pub inflight: InflightSet,
+    /// Shared with the completer, which reports each job settled once its finalization ended.
+    pub inflight: Arc<InflightSet>,
     pub callbacks: CallbackWaiters,
     /// Stop claiming.
     pub stop_claiming: CancelSignal,
@@ -33,8 +34,8 @@ pub(crate) struct Shared {
     /// Stop background loops (heartbeat, listener, maintenance).
     pub stop_background: CancelSignal,
     pub wake: HashMap<String, Arc<Notify>>,
-    pub batch_tx: mpsc::Sender<(i64, i64)>,
-    pub per_job: Arc<Semaphore>,
+    /// The one owner of completion: path choice, the batcher, per-job transactions, retries.
+    pub completer: Arc<Completer>,
     /// Post-commit wake-ups of per-job finalizations, coalesced.
     pub waker: Arc<Waker>,
     pub is_leader: Arc<AtomicBool>,
@@ -57,30 +58,49 @@ pub(crate) fn start(
     state: StateMap,
     url: Option<String>,
 ) -> Running {
-    let (batch_tx, batch_rx) = mpsc::channel(config.completion_batch.max(1) * 4);
     let wake = queues
         .keys()
         .map(|q| (q.clone(), Arc::new(Notify::new())))
         .collect();
+    let inflight = Arc::new(InflightSet::default());
+    let waker = Arc::new(Waker::default());
+    let settled: Settled = {
+        let inflight = inflight.clone();
+        Arc::new(move |id| inflight.remove(id))
+    };
+    let (completer, batch_rx) = Completer::new(
+        pool.clone(),
+        specs.clone(),
+        CompleterSettings {
+            completion_batch: config.completion_batch,
+            finalizer_concurrency: config.finalizer_concurrency,
+            finalize_deadline: config.finalize_deadline,
+            retry: RetryPolicy {
+                reconnect_budget: config.finalize_reconnect_budget,
+            }
+            .within_staleness(config.heartbeat_staleness),
+        },
+        waker.clone(),
+        settled,
+    );
     let shared = Arc::new(Shared {
-        per_job: Arc::new(Semaphore::new(config.finalizer_concurrency.max(1))),
         pool,
         config,
         queues,
         handlers,
         specs,
         state,
-        inflight: InflightSet::default(),
+        inflight,
         callbacks: CallbackWaiters::default(),
         stop_claiming: CancelSignal::default(),
         abandon: CancelSignal::default(),
         stop_background: CancelSignal::default(),
         wake,
-        batch_tx,
-        waker: Arc::new(Waker::default()),
+        completer: completer.clone(),
+        waker,
         is_leader: Arc::new(AtomicBool::new(false)),
     });
-    let batcher = tokio::spawn(runner::run_batcher(shared.clone(), batch_rx));
+    let batcher = tokio::spawn(completer.run_batcher(batch_rx));
     let dispatchers = shared
         .queues
         .keys()

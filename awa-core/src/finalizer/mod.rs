@@ -6,22 +6,30 @@
 //! - **per-job transaction** ([`per_job::finalize_in_tx`]): every other outcome, and any
 //!   completion that inserts follow-ups (registered specs first, then staged ones).
 //!
-//! Both run under [`finalize_with_retry`]: a deadlock, serialization failure or lost connection
+//! The completer (`completer.rs`) owns completion in a running client: the executor hands it each
+//! attempt's sealed [`Finalization`], and it chooses the path and runs the batcher.
+//!
+//! Both paths retry (see [`retry`]): a deadlock, serialization failure or lost connection
 //! re-runs the same finalization in a new transaction, up to [`MAX_FINALIZE_ATTEMPTS`]
-//! attempts. The sealed follow-ups are borrowed by each attempt, never drained, so a retry
+//! attempts, and after a lost connection only once the pool hands out a working connection
+//! again (bounded by [`RetryPolicy::reconnect_budget`]). The sealed follow-ups are borrowed by each attempt, never drained, so a retry
 //! carries them; a commit whose acknowledgement was lost replays as stale because its guard
 //! (`id, state = 'running', run_lease`) no longer matches.
 
 pub mod batched;
+pub(crate) mod completer;
 pub mod per_job;
+pub mod retry;
 pub(crate) mod waker;
 
-use crate::error::{is_transient, AwaError};
+use crate::error::AwaError;
 use crate::follow_ups::SealedFollowUps;
 use crate::metrics;
 use crate::model::{JobErrorEntry, JobRow};
 use crate::specs::Specs;
 use chrono::{DateTime, Utc};
+use retry::{Failure, Ready};
+pub use retry::{RetryPolicy, DEFAULT_RECONNECT_BUDGET};
 use sqlx::PgPool;
 use std::sync::Arc;
 
@@ -98,14 +106,25 @@ pub enum Finalized {
     Stale,
 }
 
-/// Run a per-job finalization, retrying transient failures in a new transaction. The queues
-/// that received follow-ups are woken right after the commit.
+/// Run a per-job finalization, retrying deadlocks and lost connections in a new transaction
+/// (see [`retry`]) with the default [`RetryPolicy`]. The queues that received follow-ups are
+/// woken right after the commit.
 pub async fn finalize_with_retry(
     pool: &PgPool,
     fin: &Finalization,
     specs: &Specs,
 ) -> Result<Finalized, AwaError> {
-    finalize_with_retry_via(pool, fin, specs, None).await
+    finalize_with_retry_via(pool, fin, specs, None, &RetryPolicy::default()).await
+}
+
+/// [`finalize_with_retry`] with an explicit retry policy.
+pub async fn finalize_with_policy(
+    pool: &PgPool,
+    fin: &Finalization,
+    specs: &Specs,
+    policy: &RetryPolicy,
+) -> Result<Finalized, AwaError> {
+    finalize_with_retry_via(pool, fin, specs, None, policy).await
 }
 
 /// [`finalize_with_retry`]; with a `waker`, the post-commit wake-ups go through it (the
@@ -115,25 +134,45 @@ pub(crate) async fn finalize_with_retry_via(
     fin: &Finalization,
     specs: &Specs,
     waker: Option<&waker::Waker>,
+    policy: &RetryPolicy,
 ) -> Result<Finalized, AwaError> {
+    let reconnect = retry::Reconnect::start(policy);
+    let mut conn = None;
     let mut attempt = 1;
     loop {
-        match per_job::finalize_once(pool, fin, specs, attempt == 1, waker).await {
+        let e = match per_job::finalize_once(pool, conn.take(), fin, specs, attempt == 1, waker)
+            .await
+        {
             Ok(done) => return Ok(done),
-            Err(AwaError::Database(e)) if is_transient(&e) && attempt < MAX_FINALIZE_ATTEMPTS => {
-                metrics::add(&metrics::FINALIZE_RETRIES, 1);
-                tracing::warn!(job_id = fin.job.id, kind = %fin.job.kind, attempt, error = %e,
-                    "finalization failed; retrying in a new transaction");
-                attempt += 1;
+            Err(e) => e,
+        };
+        let failure = retry::classify(&e);
+        if failure != Failure::Permanent && attempt < MAX_FINALIZE_ATTEMPTS {
+            if failure == Failure::ConnectionLost {
+                crate::seams::reconnecting(fin.job.id).await;
+                match reconnect.working_connection(pool).await {
+                    Ready::On(c) => conn = Some(c),
+                    Ready::Now => {}
+                    Ready::GaveUp => {
+                        return Err(gave_up(fin, attempt, e, "no working connection in time"))
+                    }
+                }
             }
-            Err(e) => {
-                metrics::add(&metrics::FINALIZE_GAVE_UP, 1);
-                tracing::error!(job_id = fin.job.id, kind = %fin.job.kind, attempt, error = %e,
-                    "finalization failed; the job stays running until rescue");
-                return Err(e);
-            }
+            metrics::add(&metrics::FINALIZE_RETRIES, 1);
+            tracing::warn!(job_id = fin.job.id, kind = %fin.job.kind, attempt, error = %e,
+                "finalization failed; retrying in a new transaction");
+            attempt += 1;
+            continue;
         }
+        return Err(gave_up(fin, attempt, e, "giving up"));
     }
+}
+
+fn gave_up(fin: &Finalization, attempt: u32, e: AwaError, why: &str) -> AwaError {
+    metrics::add(&metrics::FINALIZE_GAVE_UP, 1);
+    tracing::error!(job_id = fin.job.id, kind = %fin.job.kind, attempt, error = %e, why,
+        "finalization failed; the job stays running until rescue");
+    e
 }
 
 /// Backoff before retry `attempt` (1-based): attempt⁴ + 1 seconds plus up to 10 % jitter,

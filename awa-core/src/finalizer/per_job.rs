@@ -10,7 +10,8 @@ use crate::specs::{SpecEvent, Specs};
 use crate::storage::dlq::move_to_dlq;
 use crate::storage::insert::{insert_follow_up_in_tx, FollowUpInsert, JobColumns};
 use crate::storage::wake_queues;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::pool::PoolConnection;
+use sqlx::{Acquire, PgConnection, PgPool, Postgres, Row};
 
 /// One try, then wake the queues that received follow-ups (through `waker` when given, else
 /// at once).
@@ -29,20 +30,27 @@ use sqlx::{PgConnection, PgPool, Row};
 ///
 /// `first_try` is false on retries: a stale retry may follow a commit whose acknowledgement
 /// was lost, so its follow-ups are not counted as discarded.
+///
+/// `conn`, when given, is the connection to run on (a retry after a lost connection passes the
+/// one that just answered a ping); otherwise one is taken from the pool.
 pub(crate) async fn finalize_once(
     pool: &PgPool,
+    conn: Option<PoolConnection<Postgres>>,
     fin: &Finalization,
     specs: &Specs,
     first_try: bool,
     waker: Option<&Waker>,
 ) -> Result<Finalized, AwaError> {
     let mut woken = Vec::new();
+    let mut conn = match conn {
+        Some(c) => c,
+        None => pool.acquire().await?,
+    };
     let done = if fin.transition == Transition::Completed {
         seams::check(Point::BeforeCommit, fin.job.id)?;
-        let mut conn = pool.acquire().await?;
         finalize_in_tx_with(&mut conn, fin, specs, Some(&mut woken)).await?
     } else {
-        let mut tx = pool.begin().await?;
+        let mut tx = conn.begin().await?;
         let done = finalize_in_tx_with(&mut tx, fin, specs, Some(&mut woken)).await?;
         if done == Finalized::Stale {
             tx.rollback().await?;
@@ -52,6 +60,8 @@ pub(crate) async fn finalize_once(
         }
         done
     };
+    // Back to the pool before the wake-up below takes one of its own.
+    drop(conn);
     if done == Finalized::Stale {
         metrics::add(&metrics::FINALIZE_STALE, 1);
         if first_try && !fin.follow_ups.is_empty() {

@@ -3,6 +3,8 @@
 
 use crate::common::TestDb;
 use awa_core::executor::context::JobContext;
+use awa_core::executor::result::Returned;
+use awa_core::executor::sealed_on_return;
 use awa_core::{get_job, ErasedHandler, HandlerResult, JobRow, JobState, Outcome, RuntimeConfig};
 use futures_util::future::BoxFuture;
 use std::future::Future;
@@ -171,9 +173,9 @@ where
     F: Fn(Arc<JobContext>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = HandlerResult> + Send + 'static,
 {
-    fn run(&self, ctx: Arc<JobContext>) -> BoxFuture<'static, Outcome> {
-        let fut = (self.0)(ctx);
-        Box::pin(async move {
+    fn run(&self, ctx: Arc<JobContext>) -> BoxFuture<'static, Returned> {
+        let fut = (self.0)(ctx.clone());
+        sealed_on_return(&ctx, async move {
             match fut.await {
                 Ok(r) => Outcome::Returned(r),
                 Err(error) => Outcome::Failed {
