@@ -89,6 +89,12 @@ fn run(mut c: Command, what: &str) {
 impl PrivateCluster {
     fn start() -> Option<PrivateCluster> {
         if !Path::new(PG_BIN).join("initdb").exists() {
+            // In CI the server programs are always there: a missing one is a failure, never a
+            // silent skip.
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI is set but there are no PostgreSQL server programs in {PG_BIN}"
+            );
             eprintln!("skipping: no PostgreSQL server programs in {PG_BIN}");
             return None;
         }
