@@ -2,8 +2,9 @@
 -- One row per named schedule. Clients upsert their registrations at start; the maintenance
 -- leader enqueues each due fire in the transaction that advances last_enqueued_at with a
 -- compare-and-set, so one fire time is never enqueued twice (see docs/periodic.md).
+-- Re-runnable (IF NOT EXISTS), like the migrations before it.
 
-CREATE TABLE awa.cron_jobs (
+CREATE TABLE IF NOT EXISTS awa.cron_jobs (
     name               text        PRIMARY KEY,
     cron_expr          text        NOT NULL,
     timezone           text        NOT NULL DEFAULT 'UTC',
