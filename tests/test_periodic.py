@@ -150,6 +150,8 @@ async def test_pause_resume_and_trigger(client: awa.AsyncClient) -> None:
         return None
 
     await client.start([("other", 1)], **FAST)
+    with pytest.raises(awa.AwaError, match="before start"):
+        client.periodic("late", "* * * * *", Heartbeat, Heartbeat(source="x"))
     await client.shutdown()
     assert await client.pause_cron_job("hourly") is True
     assert (await client.list_cron_jobs())[0]["paused"] is True

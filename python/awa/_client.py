@@ -391,6 +391,8 @@ class AsyncClient:
         A bad expression, zone, policy or option raises ``awa.ValidationError`` here.
         ``start()`` upserts the schedule; the maintenance leader fires it exactly once per
         fire time across all clients."""
+        if self._pump is not None:
+            raise _awa.AwaError("register periodic jobs before start(); this client is started")
         self._periodic[name] = _cron.registration(
             name, cron_expr, args_type, args, timezone=timezone, queue=queue,
             priority=priority, max_attempts=max_attempts, tags=tags, metadata=metadata,
