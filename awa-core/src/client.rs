@@ -51,6 +51,7 @@ pub struct ClientBuilder {
     handlers: HashMap<String, Arc<dyn ErasedHandler>>,
     specs: Specs,
     state: StateMap,
+    periodic: Vec<crate::cron::PeriodicJob>,
 }
 
 impl ClientBuilder {
@@ -121,7 +122,26 @@ impl ClientBuilder {
         on_cancelled_enqueue, on_cancelled_enqueue_with => SpecEvent::Cancelled;
     }
 
+    // ----- periodic jobs (docs/periodic.md) -----
+
+    /// Register a periodic job. Its expression, zone and job options are checked by
+    /// [`ClientBuilder::build`]; the schedule is upserted into `awa.cron_jobs` by
+    /// [`Client::start`] (a changed definition updates the row) and fired by whichever
+    /// client is the maintenance leader. A second registration of a name replaces the first.
+    pub fn periodic(mut self, job: crate::cron::PeriodicJob) -> Self {
+        self.periodic.retain(|p| p.name != job.name);
+        self.periodic.push(job);
+        self
+    }
+
+    fn check_periodic(&self) -> Result<()> {
+        self.periodic
+            .iter()
+            .try_for_each(|p| p.validate().map(|_| ()))
+    }
+
     pub fn build(self) -> Result<Client> {
+        self.check_periodic()?;
         Ok(Client {
             inner: Arc::new(Inner {
                 pool: self.pool,
@@ -131,6 +151,7 @@ impl ClientBuilder {
                 handlers: self.handlers,
                 specs: self.specs,
                 state: self.state,
+                periodic: self.periodic,
                 running: Mutex::new(None),
             }),
         })
@@ -145,6 +166,7 @@ struct Inner {
     handlers: HashMap<String, Arc<dyn ErasedHandler>>,
     specs: Specs,
     state: StateMap,
+    periodic: Vec<crate::cron::PeriodicJob>,
     running: Mutex<Option<Running>>,
 }
 
@@ -164,6 +186,7 @@ impl Client {
             handlers: HashMap::new(),
             specs: Specs::default(),
             state: StateMap::default(),
+            periodic: Vec::new(),
         }
     }
 
@@ -190,6 +213,7 @@ impl Client {
         if self.inner.queues.is_empty() {
             return Err(AwaError::Config("no queues configured".into()));
         }
+        crate::cron::upsert(&self.inner.pool, &self.inner.periodic).await?;
         for (name, qc) in &self.inner.queues {
             if qc.dlq {
                 admin::set_queue_dlq(&self.inner.pool, name, true).await?;
@@ -285,6 +309,33 @@ impl Client {
     /// Cancel a job (signals it when running).
     pub async fn cancel(&self, job_id: i64) -> Result<JobRow> {
         admin::cancel(&self.inner.pool, job_id).await
+    }
+
+    // ----- periodic jobs (docs/periodic.md) -----
+
+    /// Every schedule in the database (not only this client's registrations).
+    pub async fn list_cron_jobs(&self) -> Result<Vec<crate::cron::CronJobRow>> {
+        crate::cron::list(&self.inner.pool).await
+    }
+
+    /// Delete a schedule; `false` when there was none.
+    pub async fn delete_cron_job(&self, name: &str) -> Result<bool> {
+        crate::cron::delete(&self.inner.pool, name).await
+    }
+
+    /// Stop a schedule's automatic fires; `false` when there is none.
+    pub async fn pause_cron_job(&self, name: &str) -> Result<bool> {
+        crate::cron::set_paused(&self.inner.pool, name, true).await
+    }
+
+    /// Resume a paused schedule (missed fires follow its policy); `false` when there is none.
+    pub async fn resume_cron_job(&self, name: &str) -> Result<bool> {
+        crate::cron::set_paused(&self.inner.pool, name, false).await
+    }
+
+    /// Enqueue a schedule's job now; `None` when there is no such schedule.
+    pub async fn trigger_cron_job(&self, name: &str) -> Result<Option<JobRow>> {
+        crate::cron::trigger(&self.inner.pool, name).await
     }
 }
 

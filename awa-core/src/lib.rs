@@ -11,12 +11,14 @@
 //! - [`follow_ups`]: the staging buffer handlers use to enqueue follow-ups on completion (ADR-046).
 //! - [`specs`]: registered follow-up specs (ADR-029).
 //! - [`maintenance`]: leader election, promotion, rescue, retention.
+//! - [`cron`]: periodic jobs: schedules, the leader's exactly-once evaluation, operations.
 //! - [`client`]: building, starting and stopping a worker client.
 //! - [`testing`]: `work_one`, the harness that runs one job through the real executor path.
 //! - [`seams`]: fault-injection points (feature `test-seams`); [`metrics`]: counters.
 //! - [`error`]: [`AwaError`], the one error type the bindings map to exceptions.
 
 pub mod client;
+pub mod cron;
 pub mod error;
 pub mod executor;
 pub mod finalizer;

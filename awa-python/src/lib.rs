@@ -6,12 +6,14 @@
 //! - `convert`: Python values ↔ SQL parameters and result rows.
 //! - `client`: `NativeClient` (pool, migrate, insert, admin reads).
 //! - `transaction`: `NativeTransaction` (caller-owned transactions).
+//! - `cron`: periodic jobs (registration checks, upsert at start, schedule operations).
 //! - `worker`: the Python worker bridge (`NativeWorker`, `NativeJobContext`).
 //! - `logging`: engine `tracing` events forwarded to Python's `logging`.
 
 mod bridge;
 mod client;
 mod convert;
+mod cron;
 mod errors;
 mod logging;
 mod transaction;
@@ -48,6 +50,7 @@ fn quiesce(py: Python<'_>, millis: u64) {
 #[pymodule]
 fn _awa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
+    cron::register(m)?;
     m.add_class::<client::NativeClient>()?;
     m.add_class::<transaction::NativeTransaction>()?;
     m.add_class::<worker::NativeWorker>()?;

@@ -12,6 +12,7 @@ import json
 import logging
 
 from . import _awa
+from . import _cron
 from ._convert import build_request, copy_batch, derive_kind
 from ._job import Job, job_from_json, jobs_from_json
 from ._worker import Pump, TaskSpec
@@ -131,6 +132,7 @@ class AsyncClient:
         self._native = _awa.NativeClient(database_url, max_connections)
         self._tasks: dict[str, TaskSpec] = {}
         self._pump: Optional[Pump] = None
+        self._periodic: dict[str, str] = {}  # name -> registration JSON (see _cron.py)
         # Close the pool before the interpreter finalizes: native threads still holding
         # connections while the process exits can crash it.
         native = self._native
@@ -270,6 +272,7 @@ class AsyncClient:
         }
         config = {"queues": parsed, "intervals": intervals, "claim_batch": claim_batch, "completion_batch": completion_batch}
         _awa.set_log_level(max(logging.getLogger("awa").getEffectiveLevel(), 10))
+        await _cron.upsert(self._native, self._periodic)
         native_worker = await self._native.start(json.dumps(config), list(self._tasks))
         self._pump = Pump(native_worker, self._tasks)
         self._pump.start()
@@ -363,6 +366,82 @@ class AsyncClient:
     def metrics(self) -> dict[str, int]:
         """Engine counters of this process."""
         return json.loads(self._native.metrics())
+
+    # ----- periodic jobs (docs/periodic.md) --------------------------------------------------
+
+    def periodic(
+        self,
+        name: str,
+        cron_expr: str,
+        args_type: type[T],
+        args: T,
+        *,
+        timezone: str = "UTC",
+        queue: str = "default",
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: Optional[Sequence[str]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        missed_fire_policy: str = "coalesce",
+    ) -> None:
+        """Register a periodic job before :meth:`start`: ``cron_expr`` (five fields, or six
+        with seconds first) in the IANA ``timezone`` enqueues ``args`` as a job of
+        ``args_type``'s kind. ``missed_fire_policy``: ``"coalesce"`` enqueues only the latest
+        of the fires missed while no leader ran, ``"catch_up"`` each of them in order.
+        A bad expression, zone, policy or option raises ``awa.ValidationError`` here.
+        ``start()`` upserts the schedule; the maintenance leader fires it exactly once per
+        fire time across all clients."""
+        if self._pump is not None:
+            raise _awa.AwaError("register periodic jobs before start(); this client is started")
+        self._periodic[name] = _cron.registration(
+            name, cron_expr, args_type, args, timezone=timezone, queue=queue,
+            priority=priority, max_attempts=max_attempts, tags=tags, metadata=metadata,
+            missed_fire_policy=missed_fire_policy,
+        )
+
+    async def list_cron_jobs(self) -> list[dict[str, Any]]:
+        """Every schedule in the database (name, cron_expr, timezone, kind, queue, args,
+        priority, max_attempts, tags, metadata, missed_fire_policy, paused,
+        last_enqueued_at, next_fire_at, created_at, updated_at)."""
+        return await _cron.list_cron_jobs(self._native)
+
+    async def delete_cron_job(self, name: str) -> bool:
+        """Delete a schedule; ``True`` if it existed. Jobs it already enqueued stay."""
+        return await _cron.delete_cron_job(self._native, name)
+
+    async def pause_cron_job(self, name: str) -> bool:
+        """Stop a schedule's automatic fires; ``True`` if it exists."""
+        return await _cron.set_paused(self._native, name, True)
+
+    async def resume_cron_job(self, name: str) -> bool:
+        """Resume a paused schedule (fires missed meanwhile follow its missed-fire policy);
+        ``True`` if it exists."""
+        return await _cron.set_paused(self._native, name, False)
+
+    async def trigger_cron_job(self, name: str) -> Optional[Job]:
+        """Enqueue a schedule's job now (paused or not); ``None`` if there is no such
+        schedule. Its fires are not affected."""
+        return await _cron.trigger(self._native, name)
+
+    def list_cron_jobs_sync(self) -> list[dict[str, Any]]:
+        """Blocking :meth:`list_cron_jobs` (do not call from a running event loop)."""
+        return _cron.list_cron_jobs_sync(self._native)
+
+    def delete_cron_job_sync(self, name: str) -> bool:
+        """Blocking :meth:`delete_cron_job`."""
+        return _cron.delete_cron_job_sync(self._native, name)
+
+    def pause_cron_job_sync(self, name: str) -> bool:
+        """Blocking :meth:`pause_cron_job`."""
+        return _cron.set_paused_sync(self._native, name, True)
+
+    def resume_cron_job_sync(self, name: str) -> bool:
+        """Blocking :meth:`resume_cron_job`."""
+        return _cron.set_paused_sync(self._native, name, False)
+
+    def trigger_cron_job_sync(self, name: str) -> Optional[Job]:
+        """Blocking :meth:`trigger_cron_job`."""
+        return _cron.trigger_sync(self._native, name)
 
     async def _execute(self, sql: str, *args: Any) -> int:
         """Run one statement outside a transaction (test and tooling helper)."""
@@ -493,6 +572,34 @@ class Client:
 
     def metrics(self) -> dict[str, int]:
         return self._async.metrics()
+
+    # ----- periodic jobs (docs/periodic.md) --------------------------------------------------
+
+    def periodic(self, name: str, cron_expr: str, args_type: type[T], args: T, **opts: Any) -> None:
+        """:meth:`AsyncClient.periodic` (same arguments); register before :meth:`start`."""
+        self._async.periodic(name, cron_expr, args_type, args, **opts)
+
+    def list_cron_jobs(self) -> list[dict[str, Any]]:
+        return self._async.list_cron_jobs_sync()
+
+    def delete_cron_job(self, name: str) -> bool:
+        return self._async.delete_cron_job_sync(name)
+
+    def pause_cron_job(self, name: str) -> bool:
+        return self._async.pause_cron_job_sync(name)
+
+    def resume_cron_job(self, name: str) -> bool:
+        return self._async.resume_cron_job_sync(name)
+
+    def trigger_cron_job(self, name: str) -> Optional[Job]:
+        return self._async.trigger_cron_job_sync(name)
+
+    # awa-pg's names for the blocking forms.
+    list_cron_jobs_sync = list_cron_jobs
+    delete_cron_job_sync = delete_cron_job
+    pause_cron_job_sync = pause_cron_job
+    resume_cron_job_sync = resume_cron_job
+    trigger_cron_job_sync = trigger_cron_job
 
     def __getattr__(self, name: str) -> Any:
         # Every other AsyncClient coroutine method, run to completion on the private loop

@@ -84,6 +84,7 @@ async fn lead(
     .unwrap_or(Duration::from_millis(250))
     .max(Duration::from_millis(20));
     let mut last = [Instant::now() - Duration::from_secs(3600); 5];
+    let mut cron = crate::cron::evaluate::Ticker::new();
     loop {
         let now = Instant::now();
         let due =
@@ -132,6 +133,8 @@ async fn lead(
                 Err(e) => tracing::warn!(error = %e, "prune failed"),
             }
         }
+        // Periodic jobs: enqueue due fires (rate-limited to about once a second inside).
+        cron.tick(pool).await;
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep(tick) => {}

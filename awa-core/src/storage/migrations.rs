@@ -28,6 +28,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
         4,
         include_str!("../../migrations/0004_follow_up_insert.sql"),
     ),
+    (5, include_str!("../../migrations/0005_cron.sql")),
 ];
 
 /// Advisory lock key serializing migrations ("awa_migrate" folded into an i64).
