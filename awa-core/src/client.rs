@@ -121,7 +121,13 @@ impl ClientBuilder {
         on_cancelled_enqueue, on_cancelled_enqueue_with => SpecEvent::Cancelled;
     }
 
+    /// Build the client; refuses settings out of range (`AwaError::Config` naming the field
+    /// and the limit) rather than letting a timer panic later.
     pub fn build(self) -> Result<Client> {
+        self.config.validate()?;
+        for (name, queue) in &self.queues {
+            queue.validate(name)?;
+        }
         Ok(Client {
             inner: Arc::new(Inner {
                 pool: self.pool,

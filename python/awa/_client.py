@@ -12,7 +12,7 @@ import json
 import logging
 
 from . import _awa
-from ._convert import build_request, copy_batch, derive_kind
+from ._convert import build_request, checked_setting, copy_batch, derive_kind, json_text
 from ._job import Job, job_from_json, jobs_from_json
 from ._worker import Pump, TaskSpec
 
@@ -238,7 +238,12 @@ class AsyncClient:
         completion_batch: Optional[int] = None,
     ) -> None:
         """Start working ``queues``: ``[("name", max_workers), ...]`` or dicts with ``name``,
-        ``max_workers`` and optional ``deadline_ms`` and ``dlq``. Handlers run on this loop."""
+        ``max_workers`` and optional ``deadline_ms`` and ``dlq``. Handlers run on this loop.
+
+        Every interval, deadline and retention keyword is checked before the worker starts:
+        ``awa.ValidationError`` names the keyword and its range for NaN, infinite, negative
+        or out-of-range values (intervals and deadlines 1 ms to 30 days, retention 0 to
+        87,600 hours, ``max_workers`` and batch sizes whole numbers 1 to 10,000)."""
         if self._pump is not None:
             raise _awa.AwaError("the worker is already started")
         if not self._tasks:
@@ -248,12 +253,16 @@ class AsyncClient:
         parsed = []
         for q in queues:
             if isinstance(q, Mapping):
-                parsed.append(dict(q))
+                spec = dict(q)
             else:
                 name, workers = q
-                parsed.append({"name": name, "max_workers": int(workers)})
+                spec = {"name": name, "max_workers": workers}
+            for key in ("max_workers", "deadline_ms"):
+                if spec.get(key) is not None:
+                    spec[key] = _queue_setting(spec.get("name"), key, spec[key])
+            parsed.append(spec)
         intervals = {
-            k: float(v) for k, v in {
+            k: checked_setting(k, v) for k, v in {
                 "poll_interval_ms": poll_interval_ms,
                 "heartbeat_interval_ms": heartbeat_interval_ms,
                 "heartbeat_staleness_ms": heartbeat_staleness_ms,
@@ -268,7 +277,12 @@ class AsyncClient:
                 "failed_retention_hours": failed_retention_hours,
             }.items() if v is not None
         }
-        config = {"queues": parsed, "intervals": intervals, "claim_batch": claim_batch, "completion_batch": completion_batch}
+        batches = {
+            k: checked_setting(k, v)
+            for k, v in {"claim_batch": claim_batch, "completion_batch": completion_batch}.items()
+            if v is not None
+        }
+        config = {"queues": parsed, "intervals": intervals, **batches}
         _awa.set_log_level(max(logging.getLogger("awa").getEffectiveLevel(), 10))
         native_worker = await self._native.start(json.dumps(config), list(self._tasks))
         self._pump = Pump(native_worker, self._tasks)
@@ -276,10 +290,12 @@ class AsyncClient:
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:
         """Stop claiming, let running handlers finish within ``timeout_ms``, then cancel the
-        rest (their jobs are rescued later). Nothing is lost or finalized twice."""
+        rest (their jobs are rescued later). Nothing is lost or finalized twice.
+        ``timeout_ms`` is 0 to 30 days in milliseconds (``awa.ValidationError`` otherwise)."""
+        timeout = int(checked_setting("timeout_ms", timeout_ms))
         pump, self._pump = self._pump, None
         if pump is not None:
-            await pump.shutdown(int(timeout_ms))
+            await pump.shutdown(timeout)
 
     async def health_check(self) -> dict[str, Any]:
         if self._pump is not None:
@@ -342,7 +358,7 @@ class AsyncClient:
 
     async def _callback(self, action: str, callback_id: str, payload: Any = None, error: Optional[str] = None,
                         timeout_seconds: float = 3600) -> Job:
-        payload_json = None if payload is None else json.dumps(payload)
+        payload_json = None if payload is None else json_text(payload, "payload")
         return job_from_json(await self._native.callback(action, callback_id, payload_json, error, float(timeout_seconds)))
 
     async def complete_external(self, callback_id: str, payload: Any = None) -> Job:
@@ -358,7 +374,10 @@ class AsyncClient:
         return await self._callback("resume", callback_id, payload)
 
     async def heartbeat_callback(self, callback_id: str, timeout_seconds: float = 3600) -> Job:
-        return await self._callback("heartbeat", callback_id, timeout_seconds=timeout_seconds)
+        """Extend a waiting job's callback timeout to ``timeout_seconds`` from now (more than
+        0, at most 365 days; ``awa.ValidationError`` otherwise)."""
+        seconds = checked_setting("timeout_seconds", timeout_seconds)
+        return await self._callback("heartbeat", callback_id, timeout_seconds=seconds)
 
     def metrics(self) -> dict[str, int]:
         """Engine counters of this process."""
@@ -370,6 +389,13 @@ class AsyncClient:
 
     async def close(self) -> None:
         await self._native.close()
+
+
+def _queue_setting(queue: Any, key: str, value: Any) -> float:
+    try:
+        return checked_setting(key, value)
+    except _awa.ValidationError as exc:
+        raise _awa.ValidationError(f"queue {queue!r}: {exc}") from None
 
 
 class _LoopThread:
