@@ -35,8 +35,9 @@ pub enum AwaError {
     /// A follow-up could not be staged.
     #[error(transparent)]
     Staging(#[from] StageError),
-    /// A configuration value was out of range.
-    #[error("invalid configuration: {0}")]
+    /// A configuration value was out of range. The message names the setting and its range
+    /// (`poll_interval_ms is NaN; it must be a number between 1 and ...`).
+    #[error("{0}")]
     Config(String),
     /// The client was used after shutdown, or before start where start is required.
     #[error("{0}")]
@@ -84,9 +85,7 @@ impl From<sqlx::Error> for AwaError {
 /// `type "awa.job_state"`. A user's own missing table (a typo in `Transaction.execute`) does
 /// not match, so it reads as the database error it is instead of "call migrate()".
 fn names_awa_object(message: &str) -> bool {
-    message.contains("\"awa.")
-        || message.contains("\"awa\"")
-        || message.contains(" awa.")
+    message.contains("\"awa.") || message.contains("\"awa\"") || message.contains(" awa.")
 }
 
 /// `database error (SQLSTATE xxxxx): <server message>` for an error the server reported, else

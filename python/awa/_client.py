@@ -6,7 +6,7 @@ import asyncio
 import atexit
 import datetime as _dt
 import threading
-from typing import Any, Awaitable, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Awaitable, Mapping, Optional, Sequence, TypeVar, cast
 
 import json
 import logging
@@ -42,16 +42,16 @@ class Transaction:
         self._native = native
 
     async def execute(self, sql: str, *args: Any) -> int:
-        return await self._native.execute(sql, list(args))
+        return cast("int", await self._native.execute(sql, list(args)))
 
     async def fetch_one(self, sql: str, *args: Any) -> dict[str, Any]:
-        return await self._native.fetch_one(sql, list(args))
+        return cast("dict[str, Any]", await self._native.fetch_one(sql, list(args)))
 
     async def fetch_optional(self, sql: str, *args: Any) -> Optional[dict[str, Any]]:
-        return await self._native.fetch_optional(sql, list(args))
+        return cast("Optional[dict[str, Any]]", await self._native.fetch_optional(sql, list(args)))
 
     async def fetch_all(self, sql: str, *args: Any) -> list[dict[str, Any]]:
-        return await self._native.fetch_all(sql, list(args))
+        return cast("list[dict[str, Any]]", await self._native.fetch_all(sql, list(args)))
 
     async def insert(self, args: Any, **opts: Any) -> Job:
         return await _insert_one(self._native, _request(args, **opts))
@@ -65,7 +65,7 @@ class Transaction:
 
     async def enqueue_many_copy(self, jobs: Sequence[Any], *, opts: Optional[Sequence[Optional[Mapping[str, Any]]]] = None, **kw: Any) -> int:
         """``AsyncClient.enqueue_many_copy`` inside this transaction."""
-        return await self._native.insert_many_copy(*copy_batch(jobs, kw, opts))
+        return cast("int", await self._native.insert_many_copy(*copy_batch(jobs, kw, opts)))
 
     async def commit(self) -> None:
         await self._native.commit()
@@ -184,7 +184,7 @@ class AsyncClient:
         """Insert many jobs with one ``COPY`` (all or nothing) and return how many were
         written: the fastest bulk insert (awa-pg's ``enqueue_many_copy`` returns a count too).
         The same arguments as :meth:`insert_many_copy`."""
-        return await self._native.insert_many_copy(*copy_batch(jobs, kw, opts))
+        return cast("int", await self._native.insert_many_copy(*copy_batch(jobs, kw, opts)))
 
     def transaction(self) -> _TransactionContext:
         return _TransactionContext(self._native)
@@ -299,7 +299,7 @@ class AsyncClient:
 
     async def health_check(self) -> dict[str, Any]:
         if self._pump is not None:
-            return json.loads(await self._pump._native.health_check())
+            return cast("dict[str, Any]", json.loads(await self._pump._native.health_check()))
         await self._native.execute("SELECT 1", [])
         return {"database": True, "running": False, "leader": False, "in_flight": 0}
 
@@ -328,31 +328,31 @@ class AsyncClient:
         await self._native.set_queue_paused(queue, False)
 
     async def drain_queue(self, queue: str) -> int:
-        return json.loads(await self._native.drain_queue(queue))
+        return cast("int", json.loads(await self._native.drain_queue(queue)))
 
     async def queue_stats(self) -> list[dict[str, Any]]:
-        return json.loads(await self._native.queue_stats())
+        return cast("list[dict[str, Any]]", json.loads(await self._native.queue_stats()))
 
     async def retry_failed(self, *, kind: Optional[str] = None, queue: Optional[str] = None) -> int:
-        return json.loads(await self._native.retry_failed(kind, queue))
+        return cast("int", json.loads(await self._native.retry_failed(kind, queue)))
 
     async def discard_failed(self, *, kind: Optional[str] = None, queue: Optional[str] = None) -> int:
-        return json.loads(await self._native.discard_failed(kind, queue))
+        return cast("int", json.loads(await self._native.discard_failed(kind, queue)))
 
     async def list_dlq(self, *, queue: Optional[str] = None, limit: int = 100) -> list[dict[str, Any]]:
-        return json.loads(await self._native.list_dlq(queue, limit))
+        return cast("list[dict[str, Any]]", json.loads(await self._native.list_dlq(queue, limit)))
 
     async def get_dlq_job(self, job_id: int) -> dict[str, Any]:
-        return json.loads(await self._native.get_dlq_job(job_id))
+        return cast("dict[str, Any]", json.loads(await self._native.get_dlq_job(job_id)))
 
     async def dlq_depth(self, queue: Optional[str] = None) -> int:
-        return json.loads(await self._native.dlq_depth(queue))
+        return cast("int", json.loads(await self._native.dlq_depth(queue)))
 
     async def retry_from_dlq(self, job_id: int) -> Job:
         return job_from_json(await self._native.retry_from_dlq(job_id))
 
     async def purge_dlq(self, queue: Optional[str] = None) -> int:
-        return json.loads(await self._native.purge_dlq(queue))
+        return cast("int", json.loads(await self._native.purge_dlq(queue)))
 
     # ----- external callbacks ----------------------------------------------------------------
 
@@ -381,7 +381,7 @@ class AsyncClient:
 
     def metrics(self) -> dict[str, int]:
         """Engine counters of this process."""
-        return json.loads(self._native.metrics())
+        return cast("dict[str, int]", json.loads(self._native.metrics()))
 
     async def _execute(self, sql: str, *args: Any) -> int:
         """Run one statement outside a transaction (test and tooling helper)."""

@@ -51,7 +51,7 @@ def checked_setting(field: str, value: Any) -> float:
         number = float(value)
     except OverflowError:
         number = float("inf") if value > 0 else float("-inf")
-    return _awa.check_setting(field, number)
+    return float(_awa.check_setting(field, number))
 
 
 def _json_default(value: Any) -> Any:
@@ -309,14 +309,14 @@ def copy_batch(
     converters: dict[type, tuple[Callable[[Any], Any], Optional[str]]] = {}
     kinds: list[str] = []
     plain: list[Any] = []
-    own: dict[int, str] = {}
+    own_texts: dict[int, str] = {}
     for index, item in enumerate(jobs):
         kind = shared_kind
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping):
             args, extra = item
             merged = {**shared, **extra}
             kind = merged.pop("kind", shared_kind)
-            own[index] = _options_text(_options(**merged))
+            own_texts[index] = _options_text(_options(**merged))
         else:
             args = item
         cls = type(args)
@@ -340,5 +340,5 @@ def copy_batch(
             except _awa.ValidationError as exc:
                 raise _awa.ValidationError(f"jobs[{index}]: {exc}") from None
         raise
-    own_list = [own.get(i) for i in range(len(kinds))] if own else None
+    own_list = [own_texts.get(i) for i in range(len(kinds))] if own_texts else None
     return kinds, args_text, shared_text, own_list

@@ -99,7 +99,7 @@ class Job:
     async def register_callback(self, timeout_seconds: float = 3600) -> str:
         """Register an external callback for this attempt; returns its token (callback id).
         ``timeout_seconds`` is more than 0 and at most 365 days (``awa.ValidationError``)."""
-        token = await self._context().register_callback(checked_setting("timeout_seconds", timeout_seconds))
+        token: str = await self._context().register_callback(checked_setting("timeout_seconds", timeout_seconds))
         self.callback_id = token
         return token
 

@@ -151,7 +151,7 @@ class HandlerJob(Job):
             raise _awa.StagingError(message) from cause
         raise _awa.StagingError(message)
 
-    def enqueue_on_completion(  # type: ignore[override]
+    def enqueue_on_completion(
         self,
         args: Any,
         *,

@@ -133,7 +133,10 @@ pub fn setting_range(field: &str) -> Option<SettingRange> {
         | "finalize_deadline_ms"
         | "deadline_ms" => INTERVAL,
         // 0 stops at once, cancelling running handlers.
-        "timeout_ms" => SettingRange { min: 0.0, ..INTERVAL },
+        "timeout_ms" => SettingRange {
+            min: 0.0,
+            ..INTERVAL
+        },
         "completed_retention_hours" | "failed_retention_hours" => SettingRange {
             min: 0.0,
             max: MAX_RETENTION_HOURS,
@@ -159,8 +162,8 @@ pub fn setting_range(field: &str) -> Option<SettingRange> {
 /// Check one numeric setting against [`setting_range`]; the error names the field, the value
 /// and the allowed range.
 pub fn check_setting(field: &str, value: f64) -> Result<f64, AwaError> {
-    let range = setting_range(field)
-        .ok_or_else(|| AwaError::Config(format!("unknown setting {field}")))?;
+    let range =
+        setting_range(field).ok_or_else(|| AwaError::Config(format!("unknown setting {field}")))?;
     let in_range = value.is_finite() && value >= range.min && value <= range.max;
     if in_range && (!range.integral || value.fract() == 0.0) {
         return Ok(value);
@@ -183,7 +186,9 @@ pub fn check_setting(field: &str, value: f64) -> Result<f64, AwaError> {
 
 /// A checked millisecond setting as a `Duration`.
 pub fn setting_millis(field: &str, value: f64) -> Result<Duration, AwaError> {
-    Ok(Duration::from_secs_f64(check_setting(field, value)? / 1000.0))
+    Ok(Duration::from_secs_f64(
+        check_setting(field, value)? / 1000.0,
+    ))
 }
 
 /// A checked count setting.
@@ -200,7 +205,10 @@ impl RuntimeConfig {
             ("poll_interval_ms", self.poll_interval),
             ("heartbeat_interval_ms", self.heartbeat_interval),
             ("heartbeat_staleness_ms", self.heartbeat_staleness),
-            ("heartbeat_rescue_interval_ms", self.heartbeat_rescue_interval),
+            (
+                "heartbeat_rescue_interval_ms",
+                self.heartbeat_rescue_interval,
+            ),
             ("deadline_rescue_interval_ms", self.deadline_rescue_interval),
             ("callback_rescue_interval_ms", self.callback_rescue_interval),
             ("promote_interval_ms", self.promote_interval),
@@ -249,7 +257,9 @@ mod tests {
     #[test]
     fn settings_refuse_nan_infinite_negative_and_huge_values() {
         for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1.0, 1e16, 0.0] {
-            let e = check_setting("poll_interval_ms", bad).unwrap_err().to_string();
+            let e = check_setting("poll_interval_ms", bad)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("poll_interval_ms"), "{e}");
             assert!(e.contains("2592000000"), "{e}");
         }

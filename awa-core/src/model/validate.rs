@@ -50,7 +50,9 @@ pub enum ValidationError {
     UniqueStates { value: i64 },
     #[error("invalid option {field}: {message}")]
     Option { field: String, message: String },
-    #[error("{path} nests deeper than {limit} levels of arrays and objects, the limit (MAX_JSON_DEPTH)")]
+    #[error(
+        "{path} nests deeper than {limit} levels of arrays and objects, the limit (MAX_JSON_DEPTH)"
+    )]
     TooDeep { path: String, limit: usize },
 }
 
