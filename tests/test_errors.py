@@ -275,6 +275,14 @@ async def test_register_callback_timeout_is_checked(client: awa.AsyncClient) -> 
     assert all("timeout_seconds" in str(e) for e in seen)
 
 
+@pytest.mark.parametrize("bad", [*BAD_NUMBERS, 0, 2.5])
+def test_max_connections_is_checked(database_url: str, bad: Any) -> None:
+    with pytest.raises(awa.ValidationError, match=r"max_connections is .* whole number between 1 and 10000"):
+        awa.AsyncClient(database_url, max_connections=bad)
+    with pytest.raises(awa.ValidationError, match="max_connections"):
+        awa.Client(database_url, max_connections=bad)
+
+
 def test_the_blocking_client_checks_the_same_numbers(sync_client: awa.Client) -> None:
     @sync_client.task(Known)
     async def known(job: awa.Job) -> None:

@@ -33,6 +33,10 @@ async def _explicit(client: awa.AsyncClient) -> AsyncIterator[awa.Transaction]:
             await tx.rollback()
 
 
+async def _is_closed(tx: awa.Transaction) -> bool:
+    return bool(await tx._native.is_closed())
+
+
 async def _kinds(client: awa.AsyncClient) -> list[int]:
     jobs = await client.list_jobs(kind="ship", limit=100)
     return sorted(j.args["order"] for j in jobs)
@@ -167,7 +171,7 @@ def test_blocking_transaction_mirrors_every_path(sync_client: awa.Client) -> Non
         with pytest.raises(awa.DatabaseError, match="rolled back"):
             tx.commit()
     finally:
-        if not sync_client._run(tx._tx._native.is_closed()):
+        if not sync_client._run(_is_closed(tx._tx)):
             tx.rollback()
     orders = sorted(j.args["order"] for j in sync_client.list_jobs(kind="ship"))
     assert orders == [1, 70, 71]

@@ -128,7 +128,8 @@ class AsyncClient:
 
     def __init__(self, database_url: str, max_connections: int = 10) -> None:
         self.database_url = database_url
-        self._native = _awa.NativeClient(database_url, max_connections)
+        connections = int(checked_setting("max_connections", max_connections))
+        self._native = _awa.NativeClient(database_url, connections)
         self._tasks: dict[str, TaskSpec] = {}
         self._pump: Optional[Pump] = None
         # Close the pool before the interpreter finalizes: native threads still holding
@@ -477,8 +478,9 @@ class Client:
     result instead of an awaitable. Calls run on a private event loop thread."""
 
     def __init__(self, database_url: str, max_connections: int = 10) -> None:
-        self._runner = _LoopThread()
+        # The native client first: a bad argument raises before a loop thread exists.
         self._async = AsyncClient(database_url, max_connections)
+        self._runner = _LoopThread()
         self.database_url = database_url
 
     def __enter__(self) -> "Client":

@@ -108,7 +108,7 @@ pub const MAX_INTERVAL_MS: f64 = 30.0 * 24.0 * 3600.0 * 1000.0;
 pub const MAX_RETENTION_HOURS: f64 = 10.0 * 365.0 * 24.0;
 /// Longest callback timeout accepted: 365 days, in seconds.
 pub const MAX_CALLBACK_TIMEOUT_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
-/// Most workers per queue, and most jobs per claim or completion batch.
+/// Most workers per queue, jobs per claim or completion batch, and pool connections.
 pub const MAX_COUNT: f64 = 10_000.0;
 
 const INTERVAL: SettingRange = SettingRange {
@@ -149,7 +149,7 @@ pub fn setting_range(field: &str) -> Option<SettingRange> {
             unit: "seconds",
             integral: false,
         },
-        "max_workers" | "claim_batch" | "completion_batch" => SettingRange {
+        "max_workers" | "claim_batch" | "completion_batch" | "max_connections" => SettingRange {
             min: 1.0,
             max: MAX_COUNT,
             unit: "",
