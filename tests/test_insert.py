@@ -137,12 +137,13 @@ async def test_validation_messages_name_field_size_and_limit(client: awa.AsyncCl
         await client.insert({"n": 1}, kind="k", queue="q" * 201)
     with pytest.raises(awa.ValidationError, match=r"tags has 21 entries; the limit is 20"):
         await client.insert({"n": 1}, kind="k", tags=["t"] * 21)
-    with pytest.raises(awa.ValidationError, match=r"args contains a NUL byte"):
+    with pytest.raises(awa.ValidationError, match=r"args.n contains a NUL byte"):
         await client.insert({"n": "\x00"}, kind="k")
 
 
 async def test_serialization_errors(client: awa.AsyncClient) -> None:
-    with pytest.raises(awa.SerializationError):
+    # NaN is a value JSON cannot hold: refused as invalid, with its path.
+    with pytest.raises(awa.ValidationError, match=r"args\.f is nan"):
         await client.insert({"f": float("nan")}, kind="k")
     with pytest.raises(awa.SerializationError):
         await client.insert({"o": object()}, kind="k")
@@ -312,7 +313,7 @@ BAD_COPY_INPUT: list[tuple[str, list[Any], dict[str, Any], type]] = [
     ("dict without kind", [SendEmail(to="ok"), {"x": 1}], {}, awa.ValidationError),
     ("unknown unique option", [SendEmail(to="a")], {"unique_opts": {"by_colour": True}}, awa.ValidationError),
     ("run_at not a datetime", [SendEmail(to="a")], {"run_at": "tomorrow"}, awa.ValidationError),
-    ("NaN in args", [{"f": float("nan")}], {"kind": "k"}, awa.SerializationError),
+    ("NaN in args", [{"f": float("nan")}], {"kind": "k"}, awa.ValidationError),
     ("object in args", [{"o": object()}], {"kind": "k"}, awa.SerializationError),
     ("args a list", [["not", "a", "dict"]], {"kind": "k"}, awa.SerializationError),
     ("metadata not JSON", [SendEmail(to="a")], {"metadata": {"o": object()}}, awa.SerializationError),

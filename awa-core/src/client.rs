@@ -140,8 +140,14 @@ impl ClientBuilder {
             .try_for_each(|p| p.validate().map(|_| ()))
     }
 
+    /// Build the client; refuses settings out of range (`AwaError::Config` naming the field
+    /// and the limit) rather than letting a timer panic later.
     pub fn build(self) -> Result<Client> {
         self.check_periodic()?;
+        self.config.validate()?;
+        for (name, queue) in &self.queues {
+            queue.validate(name)?;
+        }
         Ok(Client {
             inner: Arc::new(Inner {
                 pool: self.pool,

@@ -17,9 +17,12 @@ pub enum AwaError {
     /// A unique job with the same key already exists in one of its unique states.
     #[error("a job of kind {kind:?} with the same unique key already exists")]
     UniqueConflict { kind: String },
-    /// The `awa` schema is missing or older than this library; run `migrate()`.
-    #[error("the awa schema is not migrated; call migrate() first")]
-    SchemaNotMigrated,
+    /// Awa's own schema (or one of its tables, functions or types) is missing: run
+    /// `migrate()`. `detail` is PostgreSQL's message naming the missing object. Raised only
+    /// when the missing object is in schema `awa`; a missing object of the caller's own is a
+    /// [`AwaError::Database`] error.
+    #[error("the awa schema is not migrated ({detail}); call migrate() first")]
+    SchemaNotMigrated { detail: String },
     /// No handler is registered for the job's kind.
     #[error("no handler registered for job kind {0:?}")]
     UnknownJobKind(String),
@@ -32,19 +35,29 @@ pub enum AwaError {
     /// A follow-up could not be staged.
     #[error(transparent)]
     Staging(#[from] StageError),
-    /// A configuration value was out of range.
-    #[error("invalid configuration: {0}")]
+    /// A configuration value was out of range. The message names the setting and its range
+    /// (`poll_interval_ms is NaN; it must be a number between 1 and ...`).
+    #[error("{0}")]
     Config(String),
     /// The client was used after shutdown, or before start where start is required.
     #[error("{0}")]
     State(String),
-    /// Any other database error.
-    #[error("database error: {0}")]
+    /// Any other database error. The message carries the server's text and, for an error the
+    /// server reported, its SQLSTATE as `database error (SQLSTATE 42601): ...`.
+    #[error("{}", database_message(.0))]
     Database(sqlx::Error),
 }
 
 impl From<serde_json::Error> for AwaError {
     fn from(e: serde_json::Error) -> Self {
+        // serde_json stops parsing at 128 levels; anything that deep is past MAX_JSON_DEPTH
+        // too, and is a request that broke the documented limit, not a malformed document.
+        if e.to_string().starts_with("recursion limit exceeded") {
+            return AwaError::Validation(ValidationError::TooDeep {
+                path: "a JSON value".into(),
+                limit: crate::model::MAX_JSON_DEPTH,
+            });
+        }
         AwaError::Serialization(e.to_string())
     }
 }
@@ -52,15 +65,51 @@ impl From<serde_json::Error> for AwaError {
 impl From<sqlx::Error> for AwaError {
     fn from(e: sqlx::Error) -> Self {
         if let Some(db) = e.as_database_error() {
-            match db.code().as_deref() {
-                // undefined_table / invalid_schema_name / undefined_function
-                Some("42P01") | Some("3F000") | Some("42883") => {
-                    return AwaError::SchemaNotMigrated
-                }
-                _ => {}
+            let missing_object = matches!(
+                db.code().as_deref(),
+                // undefined_table / invalid_schema_name / undefined_function / undefined_object
+                Some("42P01") | Some("3F000") | Some("42883") | Some("42704")
+            );
+            if missing_object && names_awa_object(db.message()) {
+                return AwaError::SchemaNotMigrated {
+                    detail: db.message().to_string(),
+                };
             }
         }
         AwaError::Database(e)
+    }
+}
+
+/// Whether PostgreSQL's "does not exist" message names an object of Awa's own schema:
+/// `relation "awa.jobs"`, `schema "awa"`, `function awa.insert_follow_up(...)`,
+/// `type "awa.job_state"`. A user's own missing table (a typo in `Transaction.execute`) does
+/// not match, so it reads as the database error it is instead of "call migrate()".
+fn names_awa_object(message: &str) -> bool {
+    message.contains("\"awa.") || message.contains("\"awa\"") || message.contains(" awa.")
+}
+
+/// `database error (SQLSTATE xxxxx): <server message>` for an error the server reported, else
+/// `database error: <cause>` (I/O, pool timeout, protocol).
+fn database_message(e: &sqlx::Error) -> String {
+    match e.as_database_error() {
+        Some(db) => match db.code() {
+            Some(code) => format!("database error (SQLSTATE {code}): {}", db.message()),
+            None => format!("database error: {}", db.message()),
+        },
+        None => format!("database error: {e}"),
+    }
+}
+
+impl AwaError {
+    /// The SQLSTATE of a database error the server reported, if any.
+    pub fn sqlstate(&self) -> Option<String> {
+        match self {
+            AwaError::Database(e) => e
+                .as_database_error()
+                .and_then(|db| db.code())
+                .map(|c| c.into_owned()),
+            _ => None,
+        }
     }
 }
 

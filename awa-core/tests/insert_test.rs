@@ -319,7 +319,7 @@ async fn unmigrated_database_reports_schema_not_migrated() {
     let db = TestDb::empty().await;
     assert!(matches!(
         insert(&db.pool, email("x")).await,
-        Err(AwaError::SchemaNotMigrated)
+        Err(AwaError::SchemaNotMigrated { .. })
     ));
 }
 
@@ -705,7 +705,7 @@ async fn copy_of_nothing_and_without_schema() {
     let job = new_job("k", serde_json::json!({}), InsertOpts::default());
     assert!(matches!(
         insert_many_copy(&mut conn, &[job]).await,
-        Err(AwaError::SchemaNotMigrated)
+        Err(AwaError::SchemaNotMigrated { .. })
     ));
     sqlx::query("SELECT 1")
         .execute(&mut *conn)

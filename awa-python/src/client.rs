@@ -154,61 +154,84 @@ where
     })
 }
 
-/// Worker settings sent by the Python package as JSON.
+/// Worker settings sent by the Python package as JSON. Every number is read as a float and
+/// range-checked by name (`awa_core::executor::config::check_setting`), so a negative, huge or
+/// fractional count is a `ValidationError` naming the field, not a deserialization error.
 #[derive(serde::Deserialize)]
 struct StartConfig {
     queues: Vec<QueueSpec>,
     #[serde(default)]
     intervals: std::collections::HashMap<String, f64>,
     #[serde(default)]
-    claim_batch: Option<usize>,
+    claim_batch: Option<f64>,
     #[serde(default)]
-    completion_batch: Option<usize>,
+    completion_batch: Option<f64>,
 }
 
 #[derive(serde::Deserialize)]
 struct QueueSpec {
     name: String,
-    max_workers: usize,
+    max_workers: f64,
     #[serde(default)]
-    deadline_ms: Option<u64>,
+    deadline_ms: Option<f64>,
     #[serde(default)]
     dlq: bool,
 }
 
 fn runtime_config(cfg: &StartConfig) -> Result<RuntimeConfig, AwaError> {
+    use awa_core::executor::config::{check_setting, setting_count, setting_millis};
     let mut rc = RuntimeConfig::default();
     for (key, value) in &cfg.intervals {
-        if !value.is_finite() || *value < 0.0 {
-            return Err(AwaError::Config(format!(
-                "{key} must be a non-negative number"
-            )));
-        }
-        let ms = Duration::from_secs_f64(value / 1000.0);
-        let hours = Duration::from_secs_f64(value * 3600.0);
+        let ms = || setting_millis(key, *value);
         match key.as_str() {
-            "poll_interval_ms" => rc.poll_interval = ms,
-            "heartbeat_interval_ms" => rc.heartbeat_interval = ms,
-            "heartbeat_staleness_ms" => rc.heartbeat_staleness = ms,
-            "heartbeat_rescue_interval_ms" => rc.heartbeat_rescue_interval = ms,
-            "deadline_rescue_interval_ms" => rc.deadline_rescue_interval = ms,
-            "callback_rescue_interval_ms" => rc.callback_rescue_interval = ms,
-            "promote_interval_ms" => rc.promote_interval = ms,
-            "leader_election_interval_ms" => rc.leader_election_interval = ms,
-            "prune_interval_ms" => rc.prune_interval = ms,
-            "finalize_deadline_ms" => rc.finalize_deadline = ms,
-            "completed_retention_hours" => rc.completed_retention = hours,
-            "failed_retention_hours" => rc.failed_retention = hours,
+            "poll_interval_ms" => rc.poll_interval = ms()?,
+            "heartbeat_interval_ms" => rc.heartbeat_interval = ms()?,
+            "heartbeat_staleness_ms" => rc.heartbeat_staleness = ms()?,
+            "heartbeat_rescue_interval_ms" => rc.heartbeat_rescue_interval = ms()?,
+            "deadline_rescue_interval_ms" => rc.deadline_rescue_interval = ms()?,
+            "callback_rescue_interval_ms" => rc.callback_rescue_interval = ms()?,
+            "promote_interval_ms" => rc.promote_interval = ms()?,
+            "leader_election_interval_ms" => rc.leader_election_interval = ms()?,
+            "prune_interval_ms" => rc.prune_interval = ms()?,
+            "finalize_deadline_ms" => rc.finalize_deadline = ms()?,
+            "completed_retention_hours" | "failed_retention_hours" => {
+                let hours = Duration::from_secs_f64(check_setting(key, *value)? * 3600.0);
+                if key == "completed_retention_hours" {
+                    rc.completed_retention = hours;
+                } else {
+                    rc.failed_retention = hours;
+                }
+            }
             other => return Err(AwaError::Config(format!("unknown setting {other}"))),
         }
     }
     if let Some(b) = cfg.claim_batch {
-        rc.claim_batch = b.max(1);
+        rc.claim_batch = setting_count("claim_batch", b)?;
     }
     if let Some(b) = cfg.completion_batch {
-        rc.completion_batch = b.max(1);
+        rc.completion_batch = setting_count("completion_batch", b)?;
     }
     Ok(rc)
+}
+
+/// A queue's settings, range-checked and named in the error.
+fn queue_config(q: &QueueSpec) -> Result<QueueConfig, AwaError> {
+    use awa_core::executor::config::{setting_count, setting_millis};
+    let named = |e: AwaError| AwaError::Config(format!("queue {:?}: {e}", q.name));
+    let workers = setting_count("max_workers", q.max_workers).map_err(named)?;
+    let mut qc = QueueConfig::new(workers).dlq(q.dlq);
+    if let Some(ms) = q.deadline_ms {
+        qc = qc.deadline(setting_millis("deadline_ms", ms).map_err(named)?);
+    }
+    Ok(qc)
+}
+
+/// Check one numeric setting (`start()` keywords, `shutdown(timeout_ms)`, callback
+/// `timeout_seconds`) against the engine's range; returns it, or raises `ValidationError`
+/// naming the field and the range.
+#[pyfunction]
+pub(crate) fn check_setting(field: &str, value: f64) -> PyResult<f64> {
+    awa_core::executor::config::check_setting(field, value).py_err()
 }
 
 #[pyclass(module = "awa._awa")]
@@ -362,17 +385,7 @@ impl NativeClient {
             )));
         }
         for q in &cfg.queues {
-            if q.max_workers == 0 {
-                return Err(crate::errors::to_py(AwaError::Config(format!(
-                    "queue {} needs max_workers >= 1",
-                    q.name
-                ))));
-            }
-            let mut qc = QueueConfig::new(q.max_workers).dlq(q.dlq);
-            if let Some(ms) = q.deadline_ms {
-                qc = qc.deadline(Duration::from_millis(ms));
-            }
-            builder = builder.queue(q.name.clone(), qc);
+            builder = builder.queue(q.name.clone(), queue_config(q).py_err()?);
         }
         for kind in kinds {
             builder = builder.register_erased(kind, bridge.clone());
@@ -549,10 +562,14 @@ impl NativeClient {
                 "retry" => callbacks::retry_external(&pool, &callback_id).await,
                 "resume" => callbacks::resume_external(&pool, &callback_id, payload).await,
                 "heartbeat" => {
+                    let seconds = awa_core::executor::config::check_setting(
+                        "timeout_seconds",
+                        timeout_seconds,
+                    )?;
                     callbacks::heartbeat_callback(
                         &pool,
                         &callback_id,
-                        Duration::from_secs_f64(timeout_seconds.max(0.0)),
+                        Duration::from_secs_f64(seconds),
                     )
                     .await
                 }

@@ -30,7 +30,12 @@ impl Param {
             return Ok(Param::Bool(obj.extract()?));
         }
         if obj.is_instance_of::<PyInt>() {
-            return Ok(Param::Int(obj.extract()?));
+            return obj.extract().map(Param::Int).map_err(|_| {
+                crate::errors::ValidationError::new_err(format!(
+                    "the SQL parameter {obj} is an integer beyond 64 bits; PostgreSQL's bigint \
+                     cannot hold it (pass it as a string and cast it to numeric)"
+                ))
+            });
         }
         if obj.is_instance_of::<PyFloat>() {
             return Ok(Param::Float(obj.extract()?));
@@ -45,7 +50,12 @@ impl Param {
             return Ok(Param::Timestamp(ts));
         }
         if obj.is_instance_of::<PyDict>() || obj.is_instance_of::<PyList>() {
-            let json = obj.py().import("json")?.call_method1("dumps", (obj,))?;
+            // The package's encoder: it refuses integers beyond 64 bits and NaN (with their
+            // path) instead of letting serde_json round them to floats.
+            let json = obj
+                .py()
+                .import("awa._convert")?
+                .call_method1("json_text", (obj, "the SQL parameter"))?;
             let text: String = json.extract()?;
             let value = serde_json::from_str(&text)
                 .map_err(|e| crate::errors::SerializationError::new_err(e.to_string()))?;

@@ -1,93 +1,121 @@
 //! The one mapping from engine errors to Python exceptions.
 //!
-//! The exception classes live in the native module and are re-exported by the `awa` package,
-//! so `except awa.UniqueConflict` catches exactly what the engine raises.
+//! The exception classes live in the native module but are named as the `awa` package
+//! re-exports them (`__module__ == "awa"`, `__qualname__ == "AwaError"`, ...), so tracebacks
+//! read `awa.UniqueConflict: ...`, `except awa.UniqueConflict` catches exactly what the engine
+//! raises, and pickling finds each class again as `awa.<Name>`.
 
-use awa_core::AwaError;
+use awa_core::AwaError as CoreError;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
+create_exception!(awa, AwaError, PyException, "Base class of every Awa error.");
 create_exception!(
-    _awa,
-    AwaErrorPy,
-    PyException,
-    "Base class of every Awa error."
-);
-create_exception!(
-    _awa,
+    awa,
     UniqueConflict,
-    AwaErrorPy,
+    AwaError,
     "A unique job with the same key already exists."
 );
 create_exception!(
-    _awa,
+    awa,
     SchemaNotMigrated,
-    AwaErrorPy,
-    "The awa schema is missing; call migrate()."
+    AwaError,
+    "Awa's own schema (or an object in it) is missing; call migrate()."
 );
 create_exception!(
-    _awa,
+    awa,
     UnknownJobKind,
-    AwaErrorPy,
+    AwaError,
     "No handler is registered for the job's kind."
 );
 create_exception!(
-    _awa,
+    awa,
     SerializationError,
-    AwaErrorPy,
+    AwaError,
     "Args or a payload did not convert to or from JSON."
 );
 create_exception!(
-    _awa,
+    awa,
     ValidationError,
-    AwaErrorPy,
-    "An insert request broke a rule."
+    AwaError,
+    "A request or setting broke a rule; the message names the field and the limit."
 );
 create_exception!(
-    _awa,
+    awa,
     TerminalError,
-    AwaErrorPy,
+    AwaError,
     "Raise from a handler to fail the job without retrying."
 );
 create_exception!(
-    _awa,
+    awa,
     StagingError,
     TerminalError,
     "A follow-up could not be staged (ADR-046)."
 );
-create_exception!(_awa, DatabaseError, AwaErrorPy, "A database error.");
 create_exception!(
-    _awa,
+    awa,
+    DatabaseError,
+    AwaError,
+    "A database error. The message carries the server's text and SQLSTATE; `.sqlstate` gives \
+     the code (None when the error did not come from the server)."
+);
+create_exception!(
+    awa,
     CallbackNotFound,
-    AwaErrorPy,
+    AwaError,
     "No waiting job has this callback id."
 );
-create_exception!(_awa, JobNotFound, AwaErrorPy, "No job has this id.");
+create_exception!(awa, JobNotFound, AwaError, "No job has this id.");
 
 /// Convert an engine error into the matching Python exception.
-pub fn to_py(e: AwaError) -> PyErr {
+pub fn to_py(e: CoreError) -> PyErr {
     let msg = e.to_string();
     match e {
-        AwaError::Validation(_) | AwaError::Config(_) => ValidationError::new_err(msg),
-        AwaError::Serialization(_) => SerializationError::new_err(msg),
-        AwaError::UniqueConflict { .. } => UniqueConflict::new_err(msg),
-        AwaError::SchemaNotMigrated => SchemaNotMigrated::new_err(msg),
-        AwaError::UnknownJobKind(_) => UnknownJobKind::new_err(msg),
-        AwaError::JobNotFound(_) => JobNotFound::new_err(msg),
-        AwaError::CallbackNotFound(_) => CallbackNotFound::new_err(msg),
-        AwaError::Staging(_) => StagingError::new_err(msg),
-        AwaError::Database(_) => DatabaseError::new_err(msg),
-        AwaError::State(_) => AwaErrorPy::new_err(msg),
+        CoreError::Validation(_) | CoreError::Config(_) => ValidationError::new_err(msg),
+        CoreError::Serialization(_) => SerializationError::new_err(msg),
+        CoreError::UniqueConflict { .. } => UniqueConflict::new_err(msg),
+        CoreError::SchemaNotMigrated { .. } => SchemaNotMigrated::new_err(msg),
+        CoreError::UnknownJobKind(_) => UnknownJobKind::new_err(msg),
+        CoreError::JobNotFound(_) => JobNotFound::new_err(msg),
+        CoreError::CallbackNotFound(_) => CallbackNotFound::new_err(msg),
+        CoreError::Staging(_) => StagingError::new_err(msg),
+        CoreError::Database(_) => DatabaseError::new_err(msg),
+        CoreError::State(_) => AwaError::new_err(msg),
         // AwaError is non-exhaustive: anything newer is still an AwaError.
-        _ => AwaErrorPy::new_err(msg),
+        _ => AwaError::new_err(msg),
     }
+}
+
+/// Marker the engine writes before a server error's code (`database error (SQLSTATE 42601): ...`).
+const SQLSTATE_MARK: &str = "(SQLSTATE ";
+
+/// `DatabaseError.sqlstate`: the code in the message. Kept in the message rather than in a
+/// second constructor argument so that `str(exc)`, `exc.args` and pickling stay those of a
+/// plain one-message exception.
+#[pyfunction]
+fn database_error_sqlstate(exc: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    let args = exc.getattr("args")?;
+    let args = args.cast::<PyTuple>()?;
+    let Ok(first) = args.get_item(0) else {
+        return Ok(None);
+    };
+    let Ok(message) = first.extract::<String>() else {
+        return Ok(None);
+    };
+    Ok(message.find(SQLSTATE_MARK).and_then(|at| {
+        let code = message.get(at + SQLSTATE_MARK.len()..at + SQLSTATE_MARK.len() + 5)?;
+        code.chars()
+            .all(|c| c.is_ascii_alphanumeric())
+            .then(|| code.to_string())
+    }))
 }
 
 /// Register the exception classes on the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
-    m.add("AwaError", py.get_type::<AwaErrorPy>())?;
+    m.add("AwaError", py.get_type::<AwaError>())?;
     m.add("UniqueConflict", py.get_type::<UniqueConflict>())?;
     m.add("SchemaNotMigrated", py.get_type::<SchemaNotMigrated>())?;
     m.add("UnknownJobKind", py.get_type::<UnknownJobKind>())?;
@@ -98,6 +126,13 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DatabaseError", py.get_type::<DatabaseError>())?;
     m.add("CallbackNotFound", py.get_type::<CallbackNotFound>())?;
     m.add("JobNotFound", py.get_type::<JobNotFound>())?;
+    let getter = wrap_pyfunction!(database_error_sqlstate, m)?;
+    let property = py
+        .import("builtins")?
+        .getattr("property")?
+        .call1((getter,))?;
+    py.get_type::<DatabaseError>()
+        .setattr("sqlstate", property)?;
     Ok(())
 }
 
@@ -106,7 +141,7 @@ pub trait IntoPyResult<T> {
     fn py_err(self) -> PyResult<T>;
 }
 
-impl<T, E: Into<AwaError>> IntoPyResult<T> for Result<T, E> {
+impl<T, E: Into<CoreError>> IntoPyResult<T> for Result<T, E> {
     fn py_err(self) -> PyResult<T> {
         self.map_err(|e| to_py(e.into()))
     }

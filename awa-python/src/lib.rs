@@ -58,12 +58,14 @@ fn _awa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<worker::NativeTestRun>()?;
     m.add_function(wrap_pyfunction!(logging::set_log_level, m)?)?;
     m.add_function(wrap_pyfunction!(stage_check, m)?)?;
+    m.add_function(wrap_pyfunction!(client::check_setting, m)?)?;
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
     m.add(
         "MAX_STAGED_FOLLOW_UPS",
         awa_core::follow_ups::MAX_STAGED_FOLLOW_UPS,
     )?;
     m.add("MAX_STAGED_BYTES", awa_core::follow_ups::MAX_STAGED_BYTES)?;
+    m.add("MAX_JSON_DEPTH", awa_core::model::MAX_JSON_DEPTH)?;
     m.add_function(wrap_pyfunction!(derive_kind, m)?)?;
     // The longest RetryAfter/Snooze delay, in seconds (awa_core's MAX_OUTCOME_DELAY).
     m.add(

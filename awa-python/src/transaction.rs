@@ -1,26 +1,108 @@
 //! `NativeTransaction`: a caller-owned transaction for raw SQL and transactional enqueue.
+//!
+//! # Failed transactions never pretend to commit
+//! PostgreSQL answers `COMMIT` of a transaction in which a statement failed with a silent
+//! rollback. So every statement error is remembered here, and `commit()` after one asks the
+//! server whether the transaction is still usable (the caller may have recovered with its own
+//! `SAVEPOINT`/`ROLLBACK TO`); if it is not, the transaction is rolled back and `commit()`
+//! raises `awa.DatabaseError` with SQLSTATE 25P02 naming the first failure.
+//!
+//! # Unique inserts run under a savepoint
+//! A `UniqueConflict` is an expected answer, not a broken transaction: an insert of jobs
+//! with a unique key runs inside `SAVEPOINT`, and a conflict rolls back to it, so the
+//! transaction stays usable and its earlier and later work commits.
 
 use crate::bridge;
 use crate::client::{jobs_json, join, parse_requests, Copied, CopyBatch};
 use crate::convert::{decode_row, row_to_dict, rows_to_py, Param};
-use crate::errors::{AwaErrorPy, DatabaseError, IntoPyResult};
-use awa_core::AwaError;
+use crate::errors::{AwaError as AwaErrorPy, DatabaseError, IntoPyResult};
+use awa_core::{AwaError, NewJob};
 use pyo3::prelude::*;
-use sqlx::{Postgres, Transaction};
+use sqlx::{Connection, PgConnection, Postgres, Transaction};
 use std::sync::Arc;
 use tokio::sync::Mutex;
 
-type Slot = Arc<Mutex<Option<Transaction<'static, Postgres>>>>;
+/// The open transaction (None once committed or rolled back) and the first statement error
+/// seen in it.
+struct TxState {
+    tx: Option<Transaction<'static, Postgres>>,
+    failure: Option<Failure>,
+}
+
+/// A statement of the transaction failed on the server.
+struct Failure {
+    message: String,
+    /// A failed job insert: the transaction can no longer commit, whatever the caller does.
+    /// A failed `execute`/`fetch_*` statement is not sticky: the caller may have recovered
+    /// with its own savepoint, and `commit()` asks the server.
+    sticky: bool,
+}
+
+impl TxState {
+    fn open(&mut self) -> Result<&mut Transaction<'static, Postgres>, AwaError> {
+        self.tx
+            .as_mut()
+            .ok_or_else(|| AwaError::State(CLOSED.into()))
+    }
+
+    /// Remember `e` if it came from the database (the transaction may now be aborted).
+    fn note<T>(&mut self, result: Result<T, AwaError>) -> Result<T, AwaError> {
+        self.record(result, false)
+    }
+
+    /// Remember a failed job insert: `commit()` will roll back and raise. A `UniqueConflict`
+    /// is not a failure (its savepoint was rolled back to).
+    fn note_insert<T>(&mut self, result: Result<T, AwaError>) -> Result<T, AwaError> {
+        self.record(result, true)
+    }
+
+    fn record<T>(&mut self, result: Result<T, AwaError>, sticky: bool) -> Result<T, AwaError> {
+        if let Err(e) = &result {
+            if touched_the_server(e) {
+                match &mut self.failure {
+                    Some(first) => first.sticky |= sticky,
+                    None => {
+                        self.failure = Some(Failure {
+                            message: e.to_string(),
+                            sticky,
+                        })
+                    }
+                }
+            }
+        }
+        result
+    }
+}
+
+/// Errors that mean a statement reached (or may have reached) the server and failed there.
+/// Validation and serialization errors happen before any statement is sent.
+fn touched_the_server(e: &AwaError) -> bool {
+    matches!(
+        e,
+        AwaError::Database(_) | AwaError::SchemaNotMigrated { .. }
+    )
+}
+
+/// `in_failed_sql_transaction`: the transaction is aborted until it ends.
+fn is_aborted(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .is_some_and(|db| db.code().as_deref() == Some("25P02"))
+}
+
+type Slot = Arc<Mutex<TxState>>;
 
 #[pyclass(module = "awa._awa")]
 pub struct NativeTransaction {
-    tx: Slot,
+    state: Slot,
 }
 
 impl NativeTransaction {
     pub fn new(tx: Transaction<'static, Postgres>) -> Self {
         NativeTransaction {
-            tx: Arc::new(Mutex::new(Some(tx))),
+            state: Arc::new(Mutex::new(TxState {
+                tx: Some(tx),
+                failure: None,
+            })),
         }
     }
 }
@@ -43,6 +125,58 @@ enum Fetch {
     All,
 }
 
+/// The two ways a transaction inserts jobs.
+#[derive(Clone, Copy)]
+enum InsertHow {
+    /// One statement returning the rows.
+    Rows,
+    /// One COPY; the rows too when `returning`.
+    Copy { returning: bool },
+}
+
+enum Inserted {
+    Rows(Vec<awa_core::JobRow>),
+    Copied(Copied),
+}
+
+async fn insert_once(
+    conn: &mut PgConnection,
+    jobs: &[NewJob],
+    how: InsertHow,
+) -> Result<Inserted, AwaError> {
+    match how {
+        InsertHow::Rows => Ok(Inserted::Rows(awa_core::insert_jobs(conn, jobs).await?)),
+        InsertHow::Copy { returning } => {
+            Ok(Inserted::Copied(Copied::copy(conn, jobs, returning).await?))
+        }
+    }
+}
+
+/// Insert on the transaction's connection; when any job has a unique key, inside a savepoint
+/// that a `UniqueConflict` rolls back to (leaving the transaction usable).
+async fn insert_guarded(
+    conn: &mut PgConnection,
+    jobs: &[NewJob],
+    how: InsertHow,
+) -> Result<Inserted, AwaError> {
+    if !jobs.iter().any(|j| j.unique_key.is_some()) {
+        return insert_once(conn, jobs, how).await;
+    }
+    let mut savepoint = conn.begin().await?;
+    match insert_once(&mut savepoint, jobs, how).await {
+        Ok(value) => {
+            savepoint.commit().await?;
+            Ok(value)
+        }
+        Err(e @ AwaError::UniqueConflict { .. }) => {
+            savepoint.rollback().await?;
+            Err(e)
+        }
+        // The caller records the failure as sticky: the transaction will not commit.
+        Err(e) => Err(e),
+    }
+}
+
 impl NativeTransaction {
     fn fetch<'py>(
         &self,
@@ -52,19 +186,16 @@ impl NativeTransaction {
         mode: Fetch,
     ) -> PyResult<Bound<'py, PyAny>> {
         let params = extract_params(&params)?;
-        let slot = self.tx.clone();
+        let slot = self.state.clone();
         bridge::spawn(py, async move {
             let mut guard = slot.lock().await;
-            let tx = guard.as_mut().ok_or_else(closed)?;
+            let tx = guard.tx.as_mut().ok_or_else(closed)?;
             let mut q = sqlx::query(&sql);
             for p in params {
                 q = p.bind(q);
             }
-            let rows = q
-                .fetch_all(&mut **tx)
-                .await
-                .map_err(AwaError::from)
-                .py_err()?;
+            let result = q.fetch_all(&mut **tx).await.map_err(AwaError::from);
+            let rows = guard.note(result).py_err()?;
             drop(guard);
             let decoded = rows
                 .iter()
@@ -98,19 +229,16 @@ impl NativeTransaction {
         params: Vec<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let params = extract_params(&params)?;
-        let slot = self.tx.clone();
+        let slot = self.state.clone();
         bridge::spawn(py, async move {
             let mut guard = slot.lock().await;
-            let tx = guard.as_mut().ok_or_else(closed)?;
+            let tx = guard.tx.as_mut().ok_or_else(closed)?;
             let mut q = sqlx::query(&sql);
             for p in params {
                 q = p.bind(q);
             }
-            let done = q
-                .execute(&mut **tx)
-                .await
-                .map_err(AwaError::from)
-                .py_err()?;
+            let result = q.execute(&mut **tx).await.map_err(AwaError::from);
+            let done = guard.note(result).py_err()?;
             Ok(done.rows_affected())
         })
     }
@@ -151,12 +279,15 @@ impl NativeTransaction {
         requests: Vec<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let jobs = parse_requests(&requests)?;
-        let slot = self.tx.clone();
+        let slot = self.state.clone();
         bridge::spawn(py, async move {
             let mut guard = slot.lock().await;
-            let tx = guard.as_mut().ok_or_else(closed)?;
-            let rows = awa_core::insert_jobs(&mut **tx, &jobs).await.py_err()?;
-            jobs_json(&rows)
+            let tx = guard.tx.as_mut().ok_or_else(closed)?;
+            let result = insert_guarded(tx, &jobs, InsertHow::Rows).await;
+            match guard.note_insert(result).py_err()? {
+                Inserted::Rows(rows) => jobs_json(&rows),
+                Inserted::Copied(_) => Err(AwaErrorPy::new_err("insert returned no rows")),
+            }
         })
     }
 
@@ -171,42 +302,71 @@ impl NativeTransaction {
         returning: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let batch = CopyBatch::new(kinds, args_json, options_json, own_options);
-        let slot = self.tx.clone();
+        let slot = self.state.clone();
         bridge::spawn(py, async move {
             join(tokio::spawn(async move {
                 let jobs = batch.into_jobs()?;
                 let mut guard = slot.lock_owned().await;
-                let tx = guard
-                    .as_mut()
-                    .ok_or_else(|| AwaError::State(CLOSED.into()))?;
+                let tx = guard.open()?;
                 if jobs.is_empty() {
                     return Copied::empty(returning);
                 }
-                Copied::copy(tx, &jobs, returning).await
+                let result = insert_guarded(tx, &jobs, InsertHow::Copy { returning }).await;
+                match guard.note_insert(result)? {
+                    Inserted::Copied(copied) => Ok(copied),
+                    Inserted::Rows(_) => Err(AwaError::State("COPY returned rows".into())),
+                }
             }))
             .await
         })
     }
 
+    /// Commit; after a failed statement that left the transaction aborted, roll back instead
+    /// and raise `DatabaseError` (SQLSTATE 25P02) saying why.
     fn commit<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let slot = self.tx.clone();
+        let slot = self.state.clone();
         bridge::spawn(py, async move {
-            let tx = slot.lock().await.take().ok_or_else(closed)?;
-            tx.commit().await.map_err(AwaError::from).py_err()
+            let mut guard = slot.lock().await;
+            let mut tx = guard.tx.take().ok_or_else(closed)?;
+            let Some(failure) = guard.failure.take() else {
+                return tx.commit().await.map_err(AwaError::from).py_err();
+            };
+            // A failed execute/fetch leaves the transaction usable if the caller rolled back
+            // to a savepoint of its own; the probe fails with 25P02 when it is aborted.
+            if !failure.sticky {
+                match sqlx::query("SELECT 1").execute(&mut *tx).await {
+                    Ok(_) => return tx.commit().await.map_err(AwaError::from).py_err(),
+                    Err(e) if !is_aborted(&e) => {
+                        let _ = tx.rollback().await;
+                        return Err(AwaError::from(e)).py_err();
+                    }
+                    Err(_) => {}
+                }
+            }
+            // The rollback's own error (a lost connection) changes nothing: the server
+            // discards an aborted transaction either way.
+            let _ = tx.rollback().await;
+            Err(DatabaseError::new_err(format!(
+                "database error (SQLSTATE 25P02): the transaction was rolled back and nothing \
+                 was committed, because an earlier statement failed: {}",
+                failure.message
+            )))
         })
     }
 
     fn rollback<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let slot = self.tx.clone();
+        let slot = self.state.clone();
         bridge::spawn(py, async move {
-            let tx = slot.lock().await.take().ok_or_else(closed)?;
+            let mut guard = slot.lock().await;
+            let tx = guard.tx.take().ok_or_else(closed)?;
+            guard.failure = None;
             tx.rollback().await.map_err(AwaError::from).py_err()
         })
     }
 
     /// Whether commit or rollback has run.
     fn is_closed<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let slot = self.tx.clone();
-        bridge::spawn(py, async move { Ok(slot.lock().await.is_none()) })
+        let slot = self.state.clone();
+        bridge::spawn(py, async move { Ok(slot.lock().await.tx.is_none()) })
     }
 }

@@ -23,7 +23,7 @@ from ._awa import (
     ValidationError,
 )
 from ._client import AsyncClient, Client, SyncTransaction, Transaction
-from ._convert import derive_kind
+from ._convert import MAX_JSON_DEPTH, derive_kind
 from ._job import Job
 from ._outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from ._states import DEFAULT_UNIQUE_STATES, JobState, unique_states
@@ -45,6 +45,7 @@ __all__ = [
     "Job",
     "JobNotFound",
     "JobState",
+    "MAX_JSON_DEPTH",
     "RetryAfter",
     "SchemaNotMigrated",
     "SerializationError",

@@ -6,14 +6,14 @@ import asyncio
 import atexit
 import datetime as _dt
 import threading
-from typing import Any, Awaitable, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Awaitable, Mapping, Optional, Sequence, TypeVar, cast
 
 import json
 import logging
 
 from . import _awa
 from . import _cron
-from ._convert import build_request, copy_batch, derive_kind
+from ._convert import build_request, checked_setting, copy_batch, derive_kind, json_text
 from ._job import Job, job_from_json, jobs_from_json
 from ._worker import Pump, TaskSpec
 
@@ -43,16 +43,16 @@ class Transaction:
         self._native = native
 
     async def execute(self, sql: str, *args: Any) -> int:
-        return await self._native.execute(sql, list(args))
+        return cast("int", await self._native.execute(sql, list(args)))
 
     async def fetch_one(self, sql: str, *args: Any) -> dict[str, Any]:
-        return await self._native.fetch_one(sql, list(args))
+        return cast("dict[str, Any]", await self._native.fetch_one(sql, list(args)))
 
     async def fetch_optional(self, sql: str, *args: Any) -> Optional[dict[str, Any]]:
-        return await self._native.fetch_optional(sql, list(args))
+        return cast("Optional[dict[str, Any]]", await self._native.fetch_optional(sql, list(args)))
 
     async def fetch_all(self, sql: str, *args: Any) -> list[dict[str, Any]]:
-        return await self._native.fetch_all(sql, list(args))
+        return cast("list[dict[str, Any]]", await self._native.fetch_all(sql, list(args)))
 
     async def insert(self, args: Any, **opts: Any) -> Job:
         return await _insert_one(self._native, _request(args, **opts))
@@ -66,7 +66,7 @@ class Transaction:
 
     async def enqueue_many_copy(self, jobs: Sequence[Any], *, opts: Optional[Sequence[Optional[Mapping[str, Any]]]] = None, **kw: Any) -> int:
         """``AsyncClient.enqueue_many_copy`` inside this transaction."""
-        return await self._native.insert_many_copy(*copy_batch(jobs, kw, opts))
+        return cast("int", await self._native.insert_many_copy(*copy_batch(jobs, kw, opts)))
 
     async def commit(self) -> None:
         await self._native.commit()
@@ -129,7 +129,8 @@ class AsyncClient:
 
     def __init__(self, database_url: str, max_connections: int = 10) -> None:
         self.database_url = database_url
-        self._native = _awa.NativeClient(database_url, max_connections)
+        connections = int(checked_setting("max_connections", max_connections))
+        self._native = _awa.NativeClient(database_url, connections)
         self._tasks: dict[str, TaskSpec] = {}
         self._pump: Optional[Pump] = None
         self._periodic: dict[str, str] = {}  # name -> registration JSON (see _cron.py)
@@ -186,7 +187,7 @@ class AsyncClient:
         """Insert many jobs with one ``COPY`` (all or nothing) and return how many were
         written: the fastest bulk insert (awa-pg's ``enqueue_many_copy`` returns a count too).
         The same arguments as :meth:`insert_many_copy`."""
-        return await self._native.insert_many_copy(*copy_batch(jobs, kw, opts))
+        return cast("int", await self._native.insert_many_copy(*copy_batch(jobs, kw, opts)))
 
     def transaction(self) -> _TransactionContext:
         return _TransactionContext(self._native)
@@ -240,7 +241,12 @@ class AsyncClient:
         completion_batch: Optional[int] = None,
     ) -> None:
         """Start working ``queues``: ``[("name", max_workers), ...]`` or dicts with ``name``,
-        ``max_workers`` and optional ``deadline_ms`` and ``dlq``. Handlers run on this loop."""
+        ``max_workers`` and optional ``deadline_ms`` and ``dlq``. Handlers run on this loop.
+
+        Every interval, deadline and retention keyword is checked before the worker starts:
+        ``awa.ValidationError`` names the keyword and its range for NaN, infinite, negative
+        or out-of-range values (intervals and deadlines 1 ms to 30 days, retention 0 to
+        87,600 hours, ``max_workers`` and batch sizes whole numbers 1 to 10,000)."""
         if self._pump is not None:
             raise _awa.AwaError("the worker is already started")
         if not self._tasks:
@@ -250,12 +256,16 @@ class AsyncClient:
         parsed = []
         for q in queues:
             if isinstance(q, Mapping):
-                parsed.append(dict(q))
+                spec = dict(q)
             else:
                 name, workers = q
-                parsed.append({"name": name, "max_workers": int(workers)})
+                spec = {"name": name, "max_workers": workers}
+            for key in ("max_workers", "deadline_ms"):
+                if spec.get(key) is not None:
+                    spec[key] = _queue_setting(spec.get("name"), key, spec[key])
+            parsed.append(spec)
         intervals = {
-            k: float(v) for k, v in {
+            k: checked_setting(k, v) for k, v in {
                 "poll_interval_ms": poll_interval_ms,
                 "heartbeat_interval_ms": heartbeat_interval_ms,
                 "heartbeat_staleness_ms": heartbeat_staleness_ms,
@@ -270,7 +280,12 @@ class AsyncClient:
                 "failed_retention_hours": failed_retention_hours,
             }.items() if v is not None
         }
-        config = {"queues": parsed, "intervals": intervals, "claim_batch": claim_batch, "completion_batch": completion_batch}
+        batches = {
+            k: checked_setting(k, v)
+            for k, v in {"claim_batch": claim_batch, "completion_batch": completion_batch}.items()
+            if v is not None
+        }
+        config = {"queues": parsed, "intervals": intervals, **batches}
         _awa.set_log_level(max(logging.getLogger("awa").getEffectiveLevel(), 10))
         await _cron.upsert(self._native, self._periodic)
         native_worker = await self._native.start(json.dumps(config), list(self._tasks))
@@ -279,14 +294,16 @@ class AsyncClient:
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:
         """Stop claiming, let running handlers finish within ``timeout_ms``, then cancel the
-        rest (their jobs are rescued later). Nothing is lost or finalized twice."""
+        rest (their jobs are rescued later). Nothing is lost or finalized twice.
+        ``timeout_ms`` is 0 to 30 days in milliseconds (``awa.ValidationError`` otherwise)."""
+        timeout = int(checked_setting("timeout_ms", timeout_ms))
         pump, self._pump = self._pump, None
         if pump is not None:
-            await pump.shutdown(int(timeout_ms))
+            await pump.shutdown(timeout)
 
     async def health_check(self) -> dict[str, Any]:
         if self._pump is not None:
-            return json.loads(await self._pump._native.health_check())
+            return cast("dict[str, Any]", json.loads(await self._pump._native.health_check()))
         await self._native.execute("SELECT 1", [])
         return {"database": True, "running": False, "leader": False, "in_flight": 0}
 
@@ -315,37 +332,37 @@ class AsyncClient:
         await self._native.set_queue_paused(queue, False)
 
     async def drain_queue(self, queue: str) -> int:
-        return json.loads(await self._native.drain_queue(queue))
+        return cast("int", json.loads(await self._native.drain_queue(queue)))
 
     async def queue_stats(self) -> list[dict[str, Any]]:
-        return json.loads(await self._native.queue_stats())
+        return cast("list[dict[str, Any]]", json.loads(await self._native.queue_stats()))
 
     async def retry_failed(self, *, kind: Optional[str] = None, queue: Optional[str] = None) -> int:
-        return json.loads(await self._native.retry_failed(kind, queue))
+        return cast("int", json.loads(await self._native.retry_failed(kind, queue)))
 
     async def discard_failed(self, *, kind: Optional[str] = None, queue: Optional[str] = None) -> int:
-        return json.loads(await self._native.discard_failed(kind, queue))
+        return cast("int", json.loads(await self._native.discard_failed(kind, queue)))
 
     async def list_dlq(self, *, queue: Optional[str] = None, limit: int = 100) -> list[dict[str, Any]]:
-        return json.loads(await self._native.list_dlq(queue, limit))
+        return cast("list[dict[str, Any]]", json.loads(await self._native.list_dlq(queue, limit)))
 
     async def get_dlq_job(self, job_id: int) -> dict[str, Any]:
-        return json.loads(await self._native.get_dlq_job(job_id))
+        return cast("dict[str, Any]", json.loads(await self._native.get_dlq_job(job_id)))
 
     async def dlq_depth(self, queue: Optional[str] = None) -> int:
-        return json.loads(await self._native.dlq_depth(queue))
+        return cast("int", json.loads(await self._native.dlq_depth(queue)))
 
     async def retry_from_dlq(self, job_id: int) -> Job:
         return job_from_json(await self._native.retry_from_dlq(job_id))
 
     async def purge_dlq(self, queue: Optional[str] = None) -> int:
-        return json.loads(await self._native.purge_dlq(queue))
+        return cast("int", json.loads(await self._native.purge_dlq(queue)))
 
     # ----- external callbacks ----------------------------------------------------------------
 
     async def _callback(self, action: str, callback_id: str, payload: Any = None, error: Optional[str] = None,
                         timeout_seconds: float = 3600) -> Job:
-        payload_json = None if payload is None else json.dumps(payload)
+        payload_json = None if payload is None else json_text(payload, "payload")
         return job_from_json(await self._native.callback(action, callback_id, payload_json, error, float(timeout_seconds)))
 
     async def complete_external(self, callback_id: str, payload: Any = None) -> Job:
@@ -361,11 +378,14 @@ class AsyncClient:
         return await self._callback("resume", callback_id, payload)
 
     async def heartbeat_callback(self, callback_id: str, timeout_seconds: float = 3600) -> Job:
-        return await self._callback("heartbeat", callback_id, timeout_seconds=timeout_seconds)
+        """Extend a waiting job's callback timeout to ``timeout_seconds`` from now (more than
+        0, at most 365 days; ``awa.ValidationError`` otherwise)."""
+        seconds = checked_setting("timeout_seconds", timeout_seconds)
+        return await self._callback("heartbeat", callback_id, timeout_seconds=seconds)
 
     def metrics(self) -> dict[str, int]:
         """Engine counters of this process."""
-        return json.loads(self._native.metrics())
+        return cast("dict[str, int]", json.loads(self._native.metrics()))
 
     # ----- periodic jobs (docs/periodic.md) --------------------------------------------------
 
@@ -451,6 +471,13 @@ class AsyncClient:
         await self._native.close()
 
 
+def _queue_setting(queue: Any, key: str, value: Any) -> float:
+    try:
+        return checked_setting(key, value)
+    except _awa.ValidationError as exc:
+        raise _awa.ValidationError(f"queue {queue!r}: {exc}") from None
+
+
 class _LoopThread:
     """A private event loop on a daemon thread that runs the blocking client's coroutines."""
 
@@ -530,8 +557,9 @@ class Client:
     result instead of an awaitable. Calls run on a private event loop thread."""
 
     def __init__(self, database_url: str, max_connections: int = 10) -> None:
-        self._runner = _LoopThread()
+        # The native client first: a bad argument raises before a loop thread exists.
         self._async = AsyncClient(database_url, max_connections)
+        self._runner = _LoopThread()
         self.database_url = database_url
 
     def __enter__(self) -> "Client":

@@ -11,17 +11,47 @@ import datetime as _dt
 import decimal
 import enum
 import json
+import math
+import re
 import uuid
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from . import _awa
 
-__all__ = ["args_to_json_text", "build_request", "copy_batch", "derive_kind", "kind_for"]
+__all__ = [
+    "MAX_JSON_DEPTH", "args_to_json_text", "build_request", "checked_setting", "copy_batch",
+    "derive_kind", "json_text", "kind_for",
+]
+
+MAX_JSON_DEPTH: int = _awa.MAX_JSON_DEPTH
+"""Deepest nesting of lists and dicts accepted in args, metadata and payloads (the value
+itself is level 1); deeper values raise ``awa.ValidationError`` naming the limit."""
+
+# Integers the engine stores exactly (serde_json keeps i64 and u64; anything wider would
+# silently become a float). Outside this range a value is refused, never rounded.
+_INT_MIN = -(2**63)
+_INT_MAX = 2**64 - 1
+# Any integer outside the range has at least 19 digits: texts without such a run skip the walk.
+_LONG_DIGITS = re.compile(r"\d{19}")
 
 
 def derive_kind(name: str) -> str:
     """CamelCase → snake_case, acronyms kept together (``SMTPEmail`` → ``smtp_email``)."""
     return _awa.derive_kind(name)
+
+
+def checked_setting(field: str, value: Any) -> float:
+    """A numeric setting (interval, timeout, count) checked against the engine's range for
+    ``field``: ``awa.ValidationError`` names the field and the range for NaN, infinite,
+    negative, out-of-range or non-numeric values, before any of them reaches a Rust
+    ``Duration``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, decimal.Decimal)):
+        raise _awa.ValidationError(f"{field} must be a number, not {type(value).__name__}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = float("inf") if value > 0 else float("-inf")
+    return float(_awa.check_setting(field, number))
 
 
 def _json_default(value: Any) -> Any:
@@ -54,20 +84,96 @@ def _is_pydantic(obj: Any) -> bool:
 
 
 _dumps = json.JSONEncoder(default=_json_default, allow_nan=False, separators=(",", ":")).encode
+_dumps_with_nan = json.JSONEncoder(default=_json_default, allow_nan=True, separators=(",", ":")).encode
+
+
+def _segment(key: Any) -> str:
+    if isinstance(key, str) and key.isidentifier():
+        return f".{key}"
+    return f"[{json.dumps(key)}]"
+
+
+def _unstorable(value: Any, root: str) -> Optional[str]:
+    """The first value JSON cannot store exactly, described with its path (``args.items[3].n``),
+    or None. ``value`` is plain JSON data (dicts, lists, scalars)."""
+    stack: list[tuple[Any, str]] = [(value, root)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, bool):
+            continue
+        if isinstance(item, int):
+            if not _INT_MIN <= item <= _INT_MAX:
+                return (
+                    f"{path} is an integer beyond 64 bits ({item}); it cannot be stored exactly "
+                    f"(the range is {_INT_MIN} to {_INT_MAX}): pass it as a string"
+                )
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"{path} is {item}; JSON cannot hold NaN or infinite numbers"
+        elif isinstance(item, dict):
+            stack.extend((v, path + _segment(k)) for k, v in reversed(list(item.items())))
+        elif isinstance(item, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(item))))
+    return None
+
+
+def _too_deep(what: str) -> Any:
+    return _awa.ValidationError(
+        f"{what} nests deeper than {MAX_JSON_DEPTH} levels of lists and dicts, the limit "
+        "(awa.MAX_JSON_DEPTH)"
+    )
+
+
+def _check_text(text: str, what: str) -> str:
+    """Refuse an encoded document holding an integer the engine would round."""
+    if _LONG_DIGITS.search(text):
+        problem = _unstorable(json.loads(text), what)
+        if problem is not None:
+            raise _awa.ValidationError(problem)
+    return text
+
+
+def json_text(value: Any, what: str) -> str:
+    """Encode ``value`` (dicts, lists, dataclasses, ... see ``_json_default``) as JSON text the
+    engine stores exactly. ``awa.ValidationError`` names the path of an integer beyond 64 bits
+    or a NaN/infinite float, or the nesting limit; ``awa.SerializationError`` for a value
+    JSON has no form for."""
+    try:
+        text = _dumps(value)
+    except RecursionError:
+        raise _too_deep(what) from None
+    except ValueError as exc:
+        problem = None
+        try:
+            problem = _unstorable(json.loads(_dumps_with_nan(value)), what)
+        except (TypeError, ValueError, RecursionError):
+            pass
+        if problem is not None:
+            raise _awa.ValidationError(problem) from None
+        raise _awa.SerializationError(f"{what} does not convert to JSON: {exc}") from exc
+    except TypeError as exc:
+        raise _awa.SerializationError(f"{what} does not convert to JSON: {exc}") from exc
+    return _check_text(text, what)
 
 
 def args_to_json_text(args: Any) -> str:
-    """Serialize a dataclass, a Pydantic model or a dict to JSON text."""
-    try:
-        if _is_pydantic(args):
-            return args.model_dump_json()
-        if dataclasses.is_dataclass(args) and not isinstance(args, type):
-            return _dumps(_shallow_fields(args))
-        if isinstance(args, Mapping):
-            return _dumps(dict(args))
-        raise TypeError(f"args must be a dataclass, a Pydantic model or a dict, not {type(args).__name__}")
-    except (TypeError, ValueError) as exc:
-        raise _awa.SerializationError(f"args do not convert to JSON: {exc}") from exc
+    """Serialize a dataclass, a Pydantic model or a dict to JSON text (see :func:`json_text`
+    for what is refused)."""
+    if _is_pydantic(args):
+        try:
+            text: str = args.model_dump_json()
+        except RecursionError:
+            raise _too_deep("args") from None
+        except (TypeError, ValueError) as exc:
+            raise _awa.SerializationError(f"args do not convert to JSON: {exc}") from exc
+        return _check_text(text, "args")
+    if dataclasses.is_dataclass(args) and not isinstance(args, type):
+        return json_text(_shallow_fields(args), "args")
+    if isinstance(args, Mapping):
+        return json_text(dict(args), "args")
+    raise _awa.SerializationError(
+        f"args do not convert to JSON: args must be a dataclass, a Pydantic model or a dict, not {type(args).__name__}"
+    )
 
 
 def kind_for(args: Any, kind: Optional[str]) -> str:
@@ -111,10 +217,7 @@ def _options(
         "ordering_key": ordering_key,
     }
     if metadata is not None:
-        try:
-            options["metadata"] = json.loads(_dumps(dict(metadata)))
-        except (TypeError, ValueError) as exc:
-            raise _awa.SerializationError(f"metadata does not convert to JSON: {exc}") from exc
+        options["metadata"] = json.loads(json_text(dict(metadata), "metadata"))
     if unique_opts is not None:
         options["unique_opts"] = dict(unique_opts)
     return options
@@ -206,14 +309,14 @@ def copy_batch(
     converters: dict[type, tuple[Callable[[Any], Any], Optional[str]]] = {}
     kinds: list[str] = []
     plain: list[Any] = []
-    own: dict[int, str] = {}
+    own_texts: dict[int, str] = {}
     for index, item in enumerate(jobs):
         kind = shared_kind
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping):
             args, extra = item
             merged = {**shared, **extra}
             kind = merged.pop("kind", shared_kind)
-            own[index] = _options_text(_options(**merged))
+            own_texts[index] = _options_text(_options(**merged))
         else:
             args = item
         cls = type(args)
@@ -228,8 +331,14 @@ def copy_batch(
             kind = derived
         kinds.append(kind)
     try:
-        args_text = _dumps(plain)
-    except (TypeError, ValueError) as exc:
-        raise _awa.SerializationError(f"args do not convert to JSON: {exc}") from exc
-    own_list = [own.get(i) for i in range(len(kinds))] if own else None
+        args_text = json_text(plain, "args")
+    except _awa.ValidationError:
+        # Name the job: the batch's args are one document, the user thinks of them per job.
+        for index, item in enumerate(plain):
+            try:
+                json_text(item, "args")
+            except _awa.ValidationError as exc:
+                raise _awa.ValidationError(f"jobs[{index}]: {exc}") from None
+        raise
+    own_list = [own_texts.get(i) for i in range(len(kinds))] if own_texts else None
     return kinds, args_text, shared_text, own_list

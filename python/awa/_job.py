@@ -8,7 +8,7 @@ import json
 from typing import Any, Mapping, Optional, Sequence
 
 from . import _awa
-from ._convert import build_request
+from ._convert import build_request, checked_setting, json_text
 
 __all__ = ["Job", "job_from_json", "jobs_from_json", "parse_timestamp"]
 
@@ -84,10 +84,7 @@ class Job:
 
     def update_metadata(self, values: Mapping[str, Any]) -> None:
         """Shallow-merge ``values`` into ``progress["metadata"]`` (checkpoints for resuming)."""
-        try:
-            text = json.dumps(dict(values), allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise _awa.SerializationError(f"metadata does not convert to JSON: {exc}") from exc
+        text = json_text(dict(values), "metadata")
         self._context().update_metadata(text)
         self.progress = self._current_progress()
 
@@ -100,8 +97,9 @@ class Job:
         await self._context().flush_progress()
 
     async def register_callback(self, timeout_seconds: float = 3600) -> str:
-        """Register an external callback for this attempt; returns its token (callback id)."""
-        token = str(await self._context().register_callback(float(timeout_seconds)))
+        """Register an external callback for this attempt; returns its token (callback id).
+        ``timeout_seconds`` is more than 0 and at most 365 days (``awa.ValidationError``)."""
+        token = str(await self._context().register_callback(checked_setting("timeout_seconds", timeout_seconds)))
         self.callback_id = token
         return token
 

@@ -1,5 +1,6 @@
 //! Runtime and per-queue configuration.
 
+use crate::error::AwaError;
 use std::time::Duration;
 
 /// One queue this client works.
@@ -94,5 +95,194 @@ impl Default for RuntimeConfig {
             finalize_reconnect_budget: crate::finalizer::DEFAULT_RECONNECT_BUDGET,
             maintenance: true,
         }
+    }
+}
+
+/// The allowed range of one numeric setting: `min ..= max` in `unit`, whole numbers only
+/// when `integral`. Checked at the boundary (Python keywords, JSON settings, the Rust
+/// builder) so that no user number reaches `Duration::from_*` or a Tokio timer out of range:
+/// those panic on NaN, negative and overflowing values, and a zero period panics `interval`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SettingRange {
+    pub min: f64,
+    pub max: f64,
+    pub unit: &'static str,
+    pub integral: bool,
+}
+
+/// Longest interval, staleness, deadline or timeout accepted in milliseconds: 30 days.
+pub const MAX_INTERVAL_MS: f64 = 30.0 * 24.0 * 3600.0 * 1000.0;
+/// Longest retention accepted: 10 years, in hours.
+pub const MAX_RETENTION_HOURS: f64 = 10.0 * 365.0 * 24.0;
+/// Longest callback timeout accepted: 365 days, in seconds.
+pub const MAX_CALLBACK_TIMEOUT_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+/// Most workers per queue, jobs per claim or completion batch, and pool connections.
+pub const MAX_COUNT: f64 = 10_000.0;
+
+const INTERVAL: SettingRange = SettingRange {
+    min: 1.0,
+    max: MAX_INTERVAL_MS,
+    unit: "milliseconds",
+    integral: false,
+};
+
+/// The range of a named setting, or None for a name this library does not know.
+pub fn setting_range(field: &str) -> Option<SettingRange> {
+    Some(match field {
+        "poll_interval_ms"
+        | "heartbeat_interval_ms"
+        | "heartbeat_staleness_ms"
+        | "heartbeat_rescue_interval_ms"
+        | "deadline_rescue_interval_ms"
+        | "callback_rescue_interval_ms"
+        | "promote_interval_ms"
+        | "leader_election_interval_ms"
+        | "prune_interval_ms"
+        | "finalize_deadline_ms"
+        | "deadline_ms" => INTERVAL,
+        // 0 stops at once, cancelling running handlers.
+        "timeout_ms" => SettingRange {
+            min: 0.0,
+            ..INTERVAL
+        },
+        "completed_retention_hours" | "failed_retention_hours" => SettingRange {
+            min: 0.0,
+            max: MAX_RETENTION_HOURS,
+            unit: "hours",
+            integral: false,
+        },
+        "timeout_seconds" => SettingRange {
+            min: 0.001,
+            max: MAX_CALLBACK_TIMEOUT_SECONDS,
+            unit: "seconds",
+            integral: false,
+        },
+        "max_workers" | "claim_batch" | "completion_batch" | "max_connections" => SettingRange {
+            min: 1.0,
+            max: MAX_COUNT,
+            unit: "",
+            integral: true,
+        },
+        _ => return None,
+    })
+}
+
+/// Check one numeric setting against [`setting_range`]; the error names the field, the value
+/// and the allowed range.
+pub fn check_setting(field: &str, value: f64) -> Result<f64, AwaError> {
+    let range =
+        setting_range(field).ok_or_else(|| AwaError::Config(format!("unknown setting {field}")))?;
+    let in_range = value.is_finite() && value >= range.min && value <= range.max;
+    if in_range && (!range.integral || value.fract() == 0.0) {
+        return Ok(value);
+    }
+    let kind = if range.integral {
+        "a whole number"
+    } else {
+        "a number"
+    };
+    let unit = if range.unit.is_empty() {
+        String::new()
+    } else {
+        format!(" {}", range.unit)
+    };
+    Err(AwaError::Config(format!(
+        "{field} is {value}; it must be {kind} between {} and {}{unit}",
+        range.min, range.max
+    )))
+}
+
+/// A checked millisecond setting as a `Duration`.
+pub fn setting_millis(field: &str, value: f64) -> Result<Duration, AwaError> {
+    Ok(Duration::from_secs_f64(
+        check_setting(field, value)? / 1000.0,
+    ))
+}
+
+/// A checked count setting.
+pub fn setting_count(field: &str, value: f64) -> Result<usize, AwaError> {
+    // In range and whole, so the conversion is exact.
+    Ok(check_setting(field, value)? as usize)
+}
+
+impl RuntimeConfig {
+    /// Refuse values that would stall or panic the runtime (a zero period, an interval past
+    /// [`MAX_INTERVAL_MS`], a zero or huge batch); run by `ClientBuilder::build`.
+    pub fn validate(&self) -> Result<(), AwaError> {
+        let intervals = [
+            ("poll_interval_ms", self.poll_interval),
+            ("heartbeat_interval_ms", self.heartbeat_interval),
+            ("heartbeat_staleness_ms", self.heartbeat_staleness),
+            (
+                "heartbeat_rescue_interval_ms",
+                self.heartbeat_rescue_interval,
+            ),
+            ("deadline_rescue_interval_ms", self.deadline_rescue_interval),
+            ("callback_rescue_interval_ms", self.callback_rescue_interval),
+            ("promote_interval_ms", self.promote_interval),
+            ("leader_election_interval_ms", self.leader_election_interval),
+            ("prune_interval_ms", self.prune_interval),
+            ("finalize_deadline_ms", self.finalize_deadline),
+        ];
+        for (field, d) in intervals {
+            check_setting(field, d.as_secs_f64() * 1000.0)?;
+        }
+        for (field, d) in [
+            ("completed_retention_hours", self.completed_retention),
+            ("failed_retention_hours", self.failed_retention),
+        ] {
+            check_setting(field, d.as_secs_f64() / 3600.0)?;
+        }
+        for (field, n) in [
+            ("claim_batch", self.claim_batch),
+            ("completion_batch", self.completion_batch),
+        ] {
+            check_setting(field, n as f64)?;
+        }
+        if self.finalizer_concurrency == 0 {
+            return Err(AwaError::Config(
+                "finalizer_concurrency is 0; it must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl QueueConfig {
+    /// Refuse a deadline or worker count that would panic or stall the runtime.
+    pub fn validate(&self, queue: &str) -> Result<(), AwaError> {
+        let named = |e: AwaError| AwaError::Config(format!("queue {queue:?}: {e}"));
+        check_setting("max_workers", self.max_workers as f64).map_err(named)?;
+        check_setting("deadline_ms", self.deadline.as_secs_f64() * 1000.0).map_err(named)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_refuse_nan_infinite_negative_and_huge_values() {
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1.0, 1e16, 0.0] {
+            let e = check_setting("poll_interval_ms", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("poll_interval_ms"), "{e}");
+            assert!(e.contains("2592000000"), "{e}");
+        }
+        assert!(check_setting("poll_interval_ms", 1.0).is_ok());
+        assert!(check_setting("timeout_ms", 0.0).is_ok());
+        assert!(check_setting("max_workers", 2.5).is_err());
+        assert!(check_setting("max_workers", 10_001.0).is_err());
+        assert!(check_setting("completed_retention_hours", 1e16).is_err());
+        assert!(check_setting("timeout_seconds", 1e300).is_err());
+        assert!(RuntimeConfig::default().validate().is_ok());
+        let zero = RuntimeConfig {
+            poll_interval: Duration::ZERO,
+            ..RuntimeConfig::default()
+        };
+        assert!(zero.validate().is_err());
+        assert!(QueueConfig::default().validate("q").is_ok());
     }
 }

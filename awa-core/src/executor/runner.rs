@@ -103,12 +103,13 @@ pub(crate) async fn run_job(shared: Arc<Shared>, qc: QueueConfig, claimed: Claim
         )
     } else {
         match shared.handlers.get(&ctx.job.kind) {
+            // Named with its exception class, so `errors` reads like the traceback would.
             None => sealed_now(
                 &ctx,
                 Outcome::Failed {
                     error: JobError::Terminal(format!(
-                        "no handler registered for job kind {:?}",
-                        ctx.job.kind
+                        "UnknownJobKind: {}",
+                        crate::error::AwaError::UnknownJobKind(ctx.job.kind.clone())
                     )),
                     traceback: None,
                 },

@@ -12,4 +12,4 @@ pub use kind::derive_kind;
 pub use opts::{EnqueueRequest, InsertOpts, JobArgs, UniqueOpts};
 pub use request::{UntypedOpts, UntypedRequest, UntypedUnique};
 pub use state::{states_mask, JobState, UnknownState, DEFAULT_UNIQUE_STATES};
-pub use validate::{validate, NewJob, ValidationError};
+pub use validate::{validate, NewJob, ValidationError, MAX_JSON_DEPTH};

@@ -43,10 +43,7 @@ pub struct UntypedRequest {
 impl UntypedRequest {
     /// Parse the JSON form.
     pub fn from_json(text: &str) -> Result<UntypedRequest, ValidationError> {
-        serde_json::from_str(text).map_err(|e| ValidationError::Option {
-            field: "request".into(),
-            message: e.to_string(),
-        })
+        serde_json::from_str(text).map_err(|e| super::validate::parse_error("request", &e))
     }
 
     /// Convert into options, checking integer ranges.
@@ -90,10 +87,7 @@ pub struct UntypedOpts {
 impl UntypedOpts {
     /// Parse the JSON form (an object with any of the option fields).
     pub fn from_json(text: &str) -> Result<UntypedOpts, ValidationError> {
-        serde_json::from_str(text).map_err(|e| ValidationError::Option {
-            field: "options".into(),
-            message: e.to_string(),
-        })
+        serde_json::from_str(text).map_err(|e| super::validate::parse_error("options", &e))
     }
 
     /// Convert into options, checking integer ranges; the rest is checked by [`validate`].

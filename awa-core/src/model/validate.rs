@@ -15,6 +15,11 @@ pub const MAX_TAGS: usize = 20;
 pub const MIN_PRIORITY: i16 = 1;
 pub const MAX_PRIORITY: i16 = 4;
 pub const MAX_ATTEMPTS_LIMIT: i32 = 1000;
+/// Deepest nesting of arrays and objects accepted in args and metadata (the document itself
+/// is level 1). Well under `serde_json`'s parser limit of 128, so every request within it
+/// parses, and deep enough for any real payload; past it the request is refused with
+/// [`ValidationError::TooDeep`] instead of a recursion error somewhere later.
+pub const MAX_JSON_DEPTH: usize = 64;
 
 /// A rule an insert request broke.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -45,6 +50,10 @@ pub enum ValidationError {
     UniqueStates { value: i64 },
     #[error("invalid option {field}: {message}")]
     Option { field: String, message: String },
+    #[error(
+        "{path} nests deeper than {limit} levels of arrays and objects, the limit (MAX_JSON_DEPTH)"
+    )]
+    TooDeep { path: String, limit: usize },
 }
 
 /// A request that passed validation: exactly what one `awa.jobs` row insert needs.
@@ -104,22 +113,85 @@ fn check_text(field: &'static str, value: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
-/// Reject a NUL byte in any key or string value of a JSON document.
-fn check_json_nul(field: &str, v: &Value) -> Result<(), ValidationError> {
-    match v {
-        Value::String(s) if s.contains('\0') => Err(ValidationError::NulByte {
-            field: field.to_string(),
-        }),
-        Value::Array(items) => items.iter().try_for_each(|i| check_json_nul(field, i)),
-        Value::Object(map) => map.iter().try_for_each(|(k, val)| {
-            if k.contains('\0') {
-                return Err(ValidationError::NulByte {
-                    field: format!("{field} key"),
-                });
+/// Reject a NUL byte in any key or string value of a JSON document, and nesting deeper than
+/// [`MAX_JSON_DEPTH`]. The path of the offending value (`args.items[3].n`) is built only on
+/// the way out of a failure, so a valid document costs one walk and no allocation.
+fn check_json(field: &str, v: &Value) -> Result<(), ValidationError> {
+    let mut path = Vec::new();
+    match walk_json(v, 1, &mut path) {
+        Ok(()) => Ok(()),
+        Err(problem) => {
+            path.reverse();
+            let mut at = field.to_string();
+            for segment in path {
+                at.push_str(&segment);
             }
-            check_json_nul(field, val)
+            Err(match problem {
+                JsonProblem::NulInKey => ValidationError::NulByte {
+                    field: format!("{at} key"),
+                },
+                JsonProblem::NulInValue => ValidationError::NulByte { field: at },
+                JsonProblem::TooDeep => ValidationError::TooDeep {
+                    path: at,
+                    limit: MAX_JSON_DEPTH,
+                },
+            })
+        }
+    }
+}
+
+enum JsonProblem {
+    NulInKey,
+    NulInValue,
+    TooDeep,
+}
+
+/// Walk `v` at nesting level `depth`; on failure `path` holds the segments from the failing
+/// value up to the root (innermost first).
+fn walk_json(v: &Value, depth: usize, path: &mut Vec<String>) -> Result<(), JsonProblem> {
+    match v {
+        Value::String(s) if s.contains('\0') => Err(JsonProblem::NulInValue),
+        Value::Array(_) | Value::Object(_) if depth > MAX_JSON_DEPTH => Err(JsonProblem::TooDeep),
+        Value::Array(items) => items.iter().enumerate().try_for_each(|(i, item)| {
+            walk_json(item, depth + 1, path).inspect_err(|_| path.push(format!("[{i}]")))
+        }),
+        Value::Object(map) => map.iter().try_for_each(|(k, val)| {
+            let named = |path: &mut Vec<String>| path.push(key_segment(k));
+            if k.contains('\0') {
+                named(path);
+                return Err(JsonProblem::NulInKey);
+            }
+            walk_json(val, depth + 1, path).inspect_err(|_| named(path))
         }),
         _ => Ok(()),
+    }
+}
+
+/// `.name` for an identifier-like key, else `["the key"]`.
+fn key_segment(key: &str) -> String {
+    let plain = !key.is_empty()
+        && !key.starts_with(|c: char| c.is_ascii_digit())
+        && key.chars().all(|c| c.is_alphanumeric() || c == '_');
+    if plain {
+        format!(".{key}")
+    } else {
+        format!("[{}]", Value::from(key.replace('\0', "\\0")))
+    }
+}
+
+/// A request or options document that did not parse. Nesting past serde_json's parser limit
+/// (128 levels) is past [`MAX_JSON_DEPTH`] too and reads as that limit.
+pub(crate) fn parse_error(field: &str, e: &serde_json::Error) -> ValidationError {
+    let message = e.to_string();
+    if message.starts_with("recursion limit exceeded") {
+        return ValidationError::TooDeep {
+            path: format!("a value in the {field}"),
+            limit: MAX_JSON_DEPTH,
+        };
+    }
+    ValidationError::Option {
+        field: field.to_string(),
+        message,
     }
 }
 
@@ -171,8 +243,8 @@ pub fn validate(kind: &str, args: Value, opts: &InsertOpts) -> Result<NewJob, Va
             got: json_type_name(&opts.metadata),
         });
     }
-    check_json_nul("args", &args)?;
-    check_json_nul("metadata", &opts.metadata)?;
+    check_json("args", &args)?;
+    check_json("metadata", &opts.metadata)?;
     let (unique_key, unique_states) = match &opts.unique {
         Some(u) => {
             if let Some(p) = u.by_period {
@@ -324,6 +396,30 @@ mod tests {
             ..Default::default()
         };
         assert!(validate("k", json!({}), &tag).is_err());
+    }
+
+    #[test]
+    fn nesting_past_the_limit_is_refused_with_its_path() {
+        let mut deep = json!(1);
+        for _ in 0..MAX_JSON_DEPTH {
+            deep = json!({ "n": deep });
+        }
+        assert!(validate("k", deep.clone(), &InsertOpts::default()).is_ok());
+        let too_deep = json!({ "items": [deep] });
+        let err = validate("k", too_deep, &InsertOpts::default()).unwrap_err();
+        let ValidationError::TooDeep { path, limit } = &err else {
+            panic!("{err:?}");
+        };
+        assert_eq!(*limit, MAX_JSON_DEPTH);
+        assert!(path.starts_with("args.items[0].n.n"), "{path}");
+        assert!(err.to_string().contains("64 levels"), "{err}");
+        let bad_key = validate("k", json!({"a b": ["x\u{0}"]}), &InsertOpts::default());
+        assert_eq!(
+            bad_key,
+            Err(ValidationError::NulByte {
+                field: "args[\"a b\"][0]".into()
+            })
+        );
     }
 
     #[test]
