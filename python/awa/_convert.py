@@ -302,7 +302,7 @@ def copy_batch(
     if own is not None:
         if len(own) != len(jobs):
             raise _awa.ValidationError(f"opts has {len(own)} entries for {len(jobs)} jobs")
-        jobs = [job if extra is None else (job, extra) for job, extra in zip(jobs, own)]
+        jobs = [job if extra is None else (job, extra) for job, extra in zip(jobs, own, strict=True)]
     shared = dict(opts)
     shared_kind = shared.pop("kind", None)
     shared_text = _options_text(_options(**shared))

@@ -44,7 +44,7 @@ def rebuild_args(args_type: Any, raw: Any) -> Any:
         return raw
     if hasattr(args_type, "model_validate"):
         return args_type.model_validate(raw)
-    if dataclasses.is_dataclass(args_type):
+    if dataclasses.is_dataclass(args_type) and isinstance(args_type, type):
         return args_type(**raw)
     return args_type(**raw) if isinstance(raw, dict) else args_type(raw)
 
@@ -135,7 +135,7 @@ class Pump:
             if got is None:
                 return
             batch, jobs_json = got
-            for ctx, raw in zip(batch, json.loads(jobs_json)):
+            for ctx, raw in zip(batch, json.loads(jobs_json), strict=True):
                 spec = self._tasks.get(ctx.kind)
                 if spec is None:
                     ctx.finish("terminal", value="no Python handler registered for this kind")
