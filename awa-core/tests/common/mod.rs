@@ -102,27 +102,30 @@ impl TestDb {
 impl Drop for TestDb {
     fn drop(&mut self) {
         let name = self.name.clone();
-        // Drop runs inside the test's runtime, which is blocked here: do the cleanup on a
-        // thread of its own, and let DROP ... WITH (FORCE) end the pool's connections (closing
-        // the pool would wait on the blocked runtime).
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build();
-            if let Ok(rt) = rt {
-                rt.block_on(async move {
-                    if let Ok(mut admin) = PgConnection::connect(&base_url()).await {
-                        let _ = admin
-                            .execute(
-                                format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str(),
-                            )
-                            .await;
-                    }
-                });
+        // DROP ... WITH (FORCE) ends the pool's connections (closing the pool would wait on the
+        // blocked runtime).
+        cleanup_on_own_thread(async move {
+            if let Ok(mut admin) = PgConnection::connect(&base_url()).await {
+                let _ = admin
+                    .execute(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str())
+                    .await;
             }
-        })
-        .join();
+        });
     }
+}
+
+/// Run a cleanup from a `Drop`: drop runs inside the test's runtime, which is blocked there, so
+/// the cleanup gets a thread and a runtime of its own and is waited for.
+fn cleanup_on_own_thread(cleanup: impl std::future::Future<Output = ()> + Send + 'static) {
+    let _ = std::thread::spawn(move || {
+        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            rt.block_on(cleanup);
+        }
+    })
+    .join();
 }
 
 /// The grants `docs/deploying.md` ("Roles and grants") tells the schema owner to give the
@@ -196,26 +199,17 @@ impl Drop for TestRole {
     fn drop(&mut self) {
         let name = self.name.clone();
         let db_url = self.db_url.clone();
-        // As in TestDb's drop: the test's runtime is blocked here, so clean up on a thread.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build();
-            if let Ok(rt) = rt {
-                rt.block_on(async move {
-                    if let Ok(mut conn) = PgConnection::connect(&db_url).await {
-                        let _ = conn
-                            .execute(format!("DROP OWNED BY \"{name}\"").as_str())
-                            .await;
-                    }
-                    if let Ok(mut admin) = PgConnection::connect(&base_url()).await {
-                        let _ = admin
-                            .execute(format!("DROP ROLE IF EXISTS \"{name}\"").as_str())
-                            .await;
-                    }
-                });
+        cleanup_on_own_thread(async move {
+            if let Ok(mut conn) = PgConnection::connect(&db_url).await {
+                let _ = conn
+                    .execute(format!("DROP OWNED BY \"{name}\"").as_str())
+                    .await;
             }
-        })
-        .join();
+            if let Ok(mut admin) = PgConnection::connect(&base_url()).await {
+                let _ = admin
+                    .execute(format!("DROP ROLE IF EXISTS \"{name}\"").as_str())
+                    .await;
+            }
+        });
     }
 }
