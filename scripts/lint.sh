@@ -8,6 +8,7 @@
 #   ruff      ruff check python tests bench           (rules: pyproject.toml [tool.ruff])
 #   mypy      mypy --strict python/awa                (pyproject.toml [tool.mypy])
 #   stubtest  python -m mypy.stubtest awa._awa        (the .pyi stubs against the built wheel)
+#   evidence  python bench/orchestrate.py --check     (docs/benchmarks.md is what its JSON renders to)
 # Doctests run with the tests (scripts/test.sh: cargo test --workspace --doc).
 source "$(dirname "$0")/lib.sh"
 ensure_venv
@@ -36,6 +37,7 @@ done
 gate rustfmt cargo fmt --all --check
 gate ruff "$VENV/bin/ruff" check python tests bench
 gate mypy "$PY" -m mypy --strict python/awa
+gate evidence "$PY" bench/orchestrate.py --check
 gate clippy cargo clippy --workspace --all-targets -- -D warnings
 # stubtest imports the native module, so it needs the wheel built and installed.
 if build_wheel; then

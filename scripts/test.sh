@@ -21,6 +21,12 @@ if ! (cd "$ROOT" && cargo test --workspace --doc --no-fail-fast); then
     failed+=("cargo test --doc")
 fi
 
+# The benchmark's bookkeeping (no database): the committed report, its JSON and its commit agree.
+log "pytest bench/test_orchestrate.py"
+if ! (cd "$ROOT" && "$PY" -m pytest -q bench/test_orchestrate.py); then
+    failed+=("pytest bench/test_orchestrate.py")
+fi
+
 # The seam tests (tests/test_staged_follow_ups.py, tests/test_outcomes.py) need the seams.
 if build_wheel "--features test-seams"; then
     log "pytest"
