@@ -617,13 +617,15 @@ impl NativeClient {
     /// no event loop may be left to await on).
     fn close_blocking(&self, py: Python<'_>) {
         let pool = self.pool.clone();
-        py.detach(|| pyo3_async_runtimes::tokio::get_runtime().block_on(pool.close()));
+        py.detach(|| {
+            pyo3_async_runtimes::tokio::get_runtime().block_on(awa_core::close_pool(&pool))
+        });
     }
 
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
         bridge::spawn(py, async move {
-            pool.close().await;
+            awa_core::close_pool(&pool).await;
             Ok(())
         })
     }
