@@ -9,8 +9,8 @@ use crate::executor::runtime::{self, Running};
 use crate::executor::{ClosureHandler, ErasedHandler, Worker, WorkerHandler};
 use crate::model::{EnqueueRequest, JobArgs, JobRow};
 use crate::specs::{SpecEvent, Specs};
+use crate::storage::pool::Db;
 use crate::storage::{admin, callbacks};
-use sqlx::PgPool;
 use std::any::TypeId;
 use std::collections::HashMap;
 use std::future::Future;
@@ -44,7 +44,7 @@ macro_rules! spec_builders {
 
 /// Builds a [`Client`].
 pub struct ClientBuilder {
-    pool: PgPool,
+    pool: Db,
     url: Option<String>,
     config: RuntimeConfig,
     queues: HashMap<String, QueueConfig>,
@@ -165,7 +165,7 @@ impl ClientBuilder {
 }
 
 struct Inner {
-    pool: PgPool,
+    pool: Db,
     url: Option<String>,
     config: RuntimeConfig,
     queues: HashMap<String, QueueConfig>,
@@ -183,9 +183,11 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn builder(pool: PgPool) -> ClientBuilder {
+    /// A builder over `pool`: a [`Db`] (from [`crate::storage::pool::ConnectTarget::pool`]) or
+    /// a plain `PgPool` (used in session mode).
+    pub fn builder(pool: impl Into<Db>) -> ClientBuilder {
         ClientBuilder {
-            pool,
+            pool: pool.into(),
             url: None,
             config: RuntimeConfig::default(),
             queues: HashMap::new(),
@@ -196,7 +198,7 @@ impl Client {
         }
     }
 
-    pub fn pool(&self) -> &PgPool {
+    pub fn pool(&self) -> &Db {
         &self.inner.pool
     }
 

@@ -42,6 +42,16 @@ pub enum AwaError {
     /// The client was used after shutdown, or before start where start is required.
     #[error("{0}")]
     State(String),
+    /// A connection could not be opened: the address (`host:port`) and the cause
+    /// ("connection refused", "no such host", "timed out after 5 s", the server's
+    /// authentication error with its SQLSTATE, "certificate verify failed ..."). Never the
+    /// URL, which may hold a password.
+    #[error(transparent)]
+    Connect(ConnectFailure),
+    /// The database URL is malformed (scheme, port, an unknown `sslmode`, a `connect_timeout`
+    /// that is not a number, ...). The message names the part, never the URL.
+    #[error("invalid database URL: {0}")]
+    InvalidUrl(String),
     /// Any other database error. The message carries the server's text and, for an error the
     /// server reported, its SQLSTATE as `database error (SQLSTATE 42601): ...`.
     #[error("{}", database_message(.0))]
@@ -62,8 +72,26 @@ impl From<serde_json::Error> for AwaError {
     }
 }
 
+/// A connection attempt that failed: where to, and why, in the words libpq users know. Travels
+/// inside sqlx's I/O error (so retry logic sees a lost connection) until it becomes
+/// [`AwaError::Connect`].
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("could not connect to the database at {address}: {cause}")]
+pub struct ConnectFailure {
+    pub address: String,
+    pub cause: String,
+}
+
 impl From<sqlx::Error> for AwaError {
     fn from(e: sqlx::Error) -> Self {
+        if let sqlx::Error::Io(io) = &e {
+            if let Some(failure) = io
+                .get_ref()
+                .and_then(|i| i.downcast_ref::<ConnectFailure>())
+            {
+                return AwaError::Connect(failure.clone());
+            }
+        }
         if let Some(db) = e.as_database_error() {
             let missing_object = matches!(
                 db.code().as_deref(),

@@ -5,8 +5,10 @@
 //!   validator every insert path uses.
 //! - [`storage`]: migrations and the SQL for inserts (and the bulk COPY path), claims,
 //!   callbacks, the DLQ and admin actions, generic over any executor where a caller's
-//!   transaction makes sense; [`pool_options`], the recommended pool settings, and
-//!   [`close_pool`], which really closes one.
+//!   transaction makes sense; `storage::pool`: the one connect path (`ConnectTarget`: TLS,
+//!   connect timeout, PgBouncer's transaction mode), `Db`, the pool handle every path uses,
+//!   [`pool_options`], the recommended pool settings, and [`close_pool`], which really
+//!   closes one.
 //! - [`executor`]: dispatchers, runners, the handler context, heartbeats, shutdown.
 //! - [`finalizer`]: lease-guarded outcomes on the batched and per-job paths, with retries.
 //! - [`follow_ups`]: the staging buffer handlers use to enqueue follow-ups on completion (ADR-046).
@@ -48,4 +50,4 @@ pub use storage::admin::{get_job, list_jobs, JobFilter};
 pub use storage::copy::{insert_many_copy, insert_many_copy_returning};
 pub use storage::insert::{insert, insert_jobs, insert_many, insert_untyped, insert_with};
 pub use storage::migrations::migrate;
-pub use storage::pool::{close_pool, pool_options};
+pub use storage::pool::{close_pool, pool_options, ConnectTarget, Db, PoolMode};

@@ -12,8 +12,8 @@ use crate::model::{JobRow, JobState};
 use crate::specs::Specs;
 use crate::storage::admin::get_job;
 use crate::storage::claim::{claim_batch, claim_kind};
+use crate::storage::pool::Db;
 use futures_util::FutureExt;
-use sqlx::PgPool;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +39,7 @@ impl WorkResult {
 /// Claim the next available job of `queue` and run `handler` on it, finalizing through
 /// `finalize_with_retry` with `specs` (use `Specs::default()` for none).
 pub async fn work_one(
-    pool: &PgPool,
+    pool: &Db,
     queue: &str,
     handler: Arc<dyn ErasedHandler>,
     specs: &Specs,
@@ -49,7 +49,7 @@ pub async fn work_one(
 
 /// [`work_one`] claiming only a job of `kind` (when given).
 pub async fn work_one_of_kind(
-    pool: &PgPool,
+    pool: &Db,
     queue: &str,
     kind: Option<&str>,
     handler: Arc<dyn ErasedHandler>,

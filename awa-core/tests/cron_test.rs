@@ -6,11 +6,11 @@ mod support;
 
 use awa_core::cron::fault::{self, CronPoint};
 use awa_core::cron::{self, MissedFirePolicy, PeriodicJob, Schedule, CATCH_UP_LIMIT};
+use awa_core::storage::pool::Db;
 use awa_core::{AwaError, Client, InsertOpts, JobArgs, JobResult, QueueConfig};
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 use common::TestDb;
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
 use std::time::Duration;
 use support::{eventually, fast_config};
 
@@ -30,7 +30,7 @@ fn every_second(name: &str) -> PeriodicJob {
         })
 }
 
-fn client(pool: PgPool, job: PeriodicJob) -> Client {
+fn client(pool: impl Into<Db>, job: PeriodicJob) -> Client {
     Client::builder(pool)
         .queue("other", QueueConfig::new(1))
         .config(fast_config())
@@ -42,7 +42,7 @@ fn client(pool: PgPool, job: PeriodicJob) -> Client {
 
 /// Fire times of the jobs a schedule enqueued (automatic fires only), in order, with
 /// duplicates kept so a test can see them.
-async fn fire_times(pool: &PgPool, name: &str) -> Vec<DateTime<Utc>> {
+async fn fire_times(pool: &Db, name: &str) -> Vec<DateTime<Utc>> {
     let texts: Vec<String> = sqlx::query_scalar(
         "SELECT metadata->>'awa:cron_fire_at' FROM awa.jobs
          WHERE metadata->>'awa:cron_name' = $1 AND NOT metadata ? 'awa:cron_triggered'
@@ -75,7 +75,7 @@ fn assert_each_second_once(fires: &[DateTime<Utc>]) {
     assert_eq!(span as usize, fires.len(), "a fire time lost: {fires:?}");
 }
 
-async fn wait_for_fires(pool: &PgPool, name: &str, n: usize) -> Vec<DateTime<Utc>> {
+async fn wait_for_fires(pool: &Db, name: &str, n: usize) -> Vec<DateTime<Utc>> {
     eventually(
         &format!("{n} fires of {name}"),
         Duration::from_secs(20),
@@ -215,7 +215,7 @@ async fn a_crash_inside_the_fire_transaction_enqueues_nothing_and_the_next_pass_
     assert!(now < at);
 }
 
-async fn set_last(pool: &PgPool, name: &str, at: DateTime<Utc>) {
+async fn set_last(pool: &Db, name: &str, at: DateTime<Utc>) {
     sqlx::query(
         "UPDATE awa.cron_jobs SET last_enqueued_at = $2, next_fire_at = NULL WHERE name = $1",
     )
@@ -226,7 +226,7 @@ async fn set_last(pool: &PgPool, name: &str, at: DateTime<Utc>) {
     .unwrap();
 }
 
-async fn last(pool: &PgPool, name: &str) -> Option<DateTime<Utc>> {
+async fn last(pool: &Db, name: &str) -> Option<DateTime<Utc>> {
     cron::get(pool, name)
         .await
         .unwrap()

@@ -22,11 +22,11 @@
 //! the fix (three immediate tries), which is how the "before" numbers in docs/guarantees.md
 //! were measured.
 
+use awa_core::storage::pool::Db;
 use awa_core::{
     insert_many, Client, EnqueueRequest, JobArgs, JobResult, QueueConfig, RuntimeConfig,
 };
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -178,7 +178,7 @@ impl Drop for PrivateCluster {
     }
 }
 
-async fn count(pool: &PgPool, sql: &str) -> Option<i64> {
+async fn count(pool: &Db, sql: &str) -> Option<i64> {
     sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await.ok()
 }
 
@@ -196,11 +196,12 @@ async fn finalizations_outlast_two_restarts_with_no_lost_and_no_duplicate_jobs()
     let Some(cluster) = PrivateCluster::start() else {
         return;
     };
-    let pool = awa_core::pool_options()
+    let pool: Db = awa_core::pool_options()
         .max_connections(20)
         .connect(&cluster.url())
         .await
-        .expect("connect to the private cluster");
+        .expect("connect to the private cluster")
+        .into();
     awa_core::migrate(&pool).await.expect("migrate");
 
     let mut config = RuntimeConfig {

@@ -9,11 +9,11 @@ use crate::convert::Param;
 use crate::errors::IntoPyResult;
 use crate::transaction::NativeTransaction;
 use awa_core::model::{UntypedOpts, UntypedRequest};
+use awa_core::storage::pool::{ConnectTarget, Db};
 use awa_core::storage::{admin, callbacks, dlq};
 use awa_core::{AwaError, JobFilter, JobRow, JobState, NewJob};
 use awa_core::{QueueConfig, RuntimeConfig};
 use pyo3::prelude::*;
-use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -236,20 +236,34 @@ pub(crate) fn check_setting(field: &str, value: f64) -> PyResult<f64> {
 
 #[pyclass(module = "awa._awa")]
 pub struct NativeClient {
-    pub(crate) pool: PgPool,
+    pub(crate) pool: Db,
 }
 
 #[pymethods]
 impl NativeClient {
-    /// Create a lazily connecting pool; nothing touches the network until the first call.
+    /// Parse the URL, open one connection to check that the server answers (fail fast, as
+    /// awa-pg's constructor does: a `DatabaseError` naming host, port and cause within the
+    /// connect timeout), then create the pool, which connects lazily.
     #[new]
     #[pyo3(signature = (database_url, max_connections = 10))]
-    fn new(database_url: &str, max_connections: u32) -> PyResult<Self> {
-        let _guard = pyo3_async_runtimes::tokio::get_runtime().enter();
-        let pool = awa_core::pool_options()
-            .max_connections(max_connections.max(1))
-            .connect_lazy(database_url)
-            .map_err(AwaError::from)
+    fn new(py: Python<'_>, database_url: &str, max_connections: u32) -> PyResult<Self> {
+        let target = ConnectTarget::parse(database_url).py_err()?;
+        let runtime = pyo3_async_runtimes::tokio::get_runtime();
+        let pool = {
+            let _guard = runtime.enter();
+            target.pool(max_connections)
+        };
+        let check = pool.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Spawned and awaited through a channel rather than `block_on`: the constructor may
+        // run on one of the runtime's own threads (a handler's callback), where `block_on`
+        // is not allowed.
+        runtime.spawn(async move {
+            let _ = tx.send(check.check().await);
+        });
+        py.detach(move || rx.recv())
+            .map_err(|_| AwaError::State("the connection check ended abnormally".into()))
+            .and_then(|r| r)
             .py_err()?;
         Ok(NativeClient { pool })
     }
@@ -293,8 +307,12 @@ impl NativeClient {
                 if jobs.is_empty() {
                     return Copied::empty(returning);
                 }
-                let mut conn = pool.acquire().await?;
-                Copied::copy(&mut conn, &jobs, returning).await
+                // In a transaction: all or nothing either way, and through PgBouncer in
+                // transaction mode every statement needs one (see awa_core's `Db`).
+                let mut tx = pool.begin().await?;
+                let copied = Copied::copy(&mut tx, &jobs, returning).await?;
+                tx.commit().await?;
+                Ok(copied)
             }))
             .await
         })
@@ -617,15 +635,13 @@ impl NativeClient {
     /// no event loop may be left to await on).
     fn close_blocking(&self, py: Python<'_>) {
         let pool = self.pool.clone();
-        py.detach(|| {
-            pyo3_async_runtimes::tokio::get_runtime().block_on(awa_core::close_pool(&pool))
-        });
+        py.detach(|| pyo3_async_runtimes::tokio::get_runtime().block_on(pool.close()));
     }
 
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
         bridge::spawn(py, async move {
-            awa_core::close_pool(&pool).await;
+            pool.close().await;
             Ok(())
         })
     }

@@ -9,11 +9,11 @@ use crate::client::NativeClient;
 use crate::errors::IntoPyResult;
 use awa_core::cron::{self, MissedFirePolicy, PeriodicJob};
 use awa_core::model::UntypedRequest;
+use awa_core::storage::pool::Db;
 use awa_core::AwaError;
 use pyo3::prelude::*;
 use pyo3::IntoPyObjectExt;
 use serde::Deserialize;
-use sqlx::PgPool;
 use std::future::Future;
 
 /// One registration as `_cron.py` sends it: the schedule plus the insert request (built by
@@ -77,12 +77,12 @@ pub fn cron_upsert<'py>(
 /// Run an operation as an awaitable, or block on it with the GIL released.
 fn run<'py, F, Fut, T>(
     py: Python<'py>,
-    pool: PgPool,
+    pool: Db,
     blocking: bool,
     op: F,
 ) -> PyResult<Bound<'py, PyAny>>
 where
-    F: FnOnce(PgPool) -> Fut + Send + 'static,
+    F: FnOnce(Db) -> Fut + Send + 'static,
     Fut: Future<Output = Result<T, AwaError>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {

@@ -81,7 +81,10 @@ pub fn to_py(e: CoreError) -> PyErr {
         CoreError::JobNotFound(_) => JobNotFound::new_err(msg),
         CoreError::CallbackNotFound(_) => CallbackNotFound::new_err(msg),
         CoreError::Staging(_) => StagingError::new_err(msg),
-        CoreError::Database(_) => DatabaseError::new_err(msg),
+        // A malformed URL is a DatabaseError, as awa-pg 0.6.9 raises it.
+        CoreError::Database(_) | CoreError::Connect(_) | CoreError::InvalidUrl(_) => {
+            DatabaseError::new_err(msg)
+        }
         CoreError::State(_) => AwaError::new_err(msg),
         // AwaError is non-exhaustive: anything newer is still an AwaError.
         _ => AwaError::new_err(msg),

@@ -124,7 +124,11 @@ class _TransactionContext:
 class AsyncClient:
     """The asyncio client: inserts, admin, and the worker runtime.
 
-    ``AsyncClient(database_url, max_connections=10)``; usable as ``async with``.
+    ``AsyncClient(database_url, max_connections=10)``; usable as ``async with``. The
+    constructor opens one connection to check the server, so a wrong URL or an unreachable
+    server raises ``awa.DatabaseError`` (naming host, port and cause) within the URL's
+    ``connect_timeout`` (default 5 s). TLS (``sslmode``, ...), the timeout and
+    ``pool_mode=transaction`` for PgBouncer are URL parameters: see docs/deploying.md.
     """
 
     def __init__(self, database_url: str, max_connections: int = 10) -> None:

@@ -13,8 +13,8 @@ use super::schedule::Schedule;
 use super::storage::{CronJobRow, MissedFirePolicy, ROW_COLUMNS};
 use crate::error::Result;
 use crate::storage::insert::insert_jobs;
+use crate::storage::pool::Db;
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
 use std::time::{Duration, Instant};
 
 /// How often the leader evaluates schedules.
@@ -67,7 +67,7 @@ impl Ticker {
     }
 
     /// Evaluate when due; errors are logged (the next tick tries again).
-    pub(crate) async fn tick(&mut self, pool: &PgPool) {
+    pub(crate) async fn tick(&mut self, pool: &Db) {
         if self.last.is_some_and(|l| l.elapsed() < EVALUATE_EVERY) {
             return;
         }
@@ -82,7 +82,7 @@ impl Ticker {
 
 /// Evaluate every due schedule against the database clock; returns how many jobs were
 /// enqueued. Safe to call from several processes at once (see the module docs).
-pub async fn evaluate(pool: &PgPool) -> Result<usize> {
+pub async fn evaluate(pool: &Db) -> Result<usize> {
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
         .fetch_one(pool)
         .await?;
@@ -90,7 +90,7 @@ pub async fn evaluate(pool: &PgPool) -> Result<usize> {
 }
 
 /// [`evaluate`] with "now" given by the caller (tests and tools use a fixed clock).
-pub async fn evaluate_at(pool: &PgPool, now: DateTime<Utc>) -> Result<usize> {
+pub async fn evaluate_at(pool: &Db, now: DateTime<Utc>) -> Result<usize> {
     let rows = sqlx::query(&format!(
         "SELECT {ROW_COLUMNS} FROM awa.cron_jobs
          WHERE NOT paused AND (next_fire_at IS NULL OR next_fire_at <= $1)
@@ -113,7 +113,7 @@ pub async fn evaluate_at(pool: &PgPool, now: DateTime<Utc>) -> Result<usize> {
 }
 
 /// One schedule: compute its due fires, then CAS + insert in one transaction.
-async fn evaluate_one(pool: &PgPool, row: &CronJobRow, now: DateTime<Utc>) -> Result<usize> {
+async fn evaluate_one(pool: &Db, row: &CronJobRow, now: DateTime<Utc>) -> Result<usize> {
     let schedule: Schedule = row
         .schedule()
         .map_err(|e| crate::error::AwaError::Config(e.to_string()))?;

@@ -6,9 +6,10 @@ use crate::error::{AwaError, Result};
 use crate::model::validate::{validate, NewJob, MAX_NAME_CHARS};
 use crate::model::{InsertOpts, JobArgs, JobRow};
 use crate::storage::insert::insert_jobs;
+use crate::storage::pool::Db;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{PgPool, Row};
+use sqlx::Row;
 
 /// Metadata key naming the schedule that enqueued a job.
 pub const META_NAME: &str = "awa:cron_name";
@@ -223,7 +224,7 @@ impl CronJobRow {
 /// (so a restart, or a second client registering the same schedule, changes nothing); a
 /// changed one is updated and re-evaluated on the leader's next pass, keeping
 /// `last_enqueued_at` (no fire at or before it is enqueued again) and `paused`.
-pub async fn upsert(pool: &PgPool, jobs: &[PeriodicJob]) -> Result<()> {
+pub async fn upsert(pool: &Db, jobs: &[PeriodicJob]) -> Result<()> {
     for job in jobs {
         job.validate()?;
         let template = job.job_template()?;
@@ -265,7 +266,7 @@ pub async fn upsert(pool: &PgPool, jobs: &[PeriodicJob]) -> Result<()> {
 }
 
 /// Every schedule, by name.
-pub async fn list(pool: &PgPool) -> Result<Vec<CronJobRow>> {
+pub async fn list(pool: &Db) -> Result<Vec<CronJobRow>> {
     let rows = sqlx::query(&format!(
         "SELECT {ROW_COLUMNS} FROM awa.cron_jobs ORDER BY name"
     ))
@@ -278,7 +279,7 @@ pub async fn list(pool: &PgPool) -> Result<Vec<CronJobRow>> {
 }
 
 /// One schedule, or `None`.
-pub async fn get(pool: &PgPool, name: &str) -> Result<Option<CronJobRow>> {
+pub async fn get(pool: &Db, name: &str) -> Result<Option<CronJobRow>> {
     let row = sqlx::query(&format!(
         "SELECT {ROW_COLUMNS} FROM awa.cron_jobs WHERE name = $1"
     ))
@@ -290,7 +291,7 @@ pub async fn get(pool: &PgPool, name: &str) -> Result<Option<CronJobRow>> {
 
 /// Delete a schedule; `false` when there was none. Jobs it already enqueued stay. A client
 /// that still registers it recreates it at its next start.
-pub async fn delete(pool: &PgPool, name: &str) -> Result<bool> {
+pub async fn delete(pool: &Db, name: &str) -> Result<bool> {
     let done = sqlx::query("DELETE FROM awa.cron_jobs WHERE name = $1")
         .bind(name)
         .execute(pool)
@@ -301,7 +302,7 @@ pub async fn delete(pool: &PgPool, name: &str) -> Result<bool> {
 /// Pause (`true`) or resume (`false`) a schedule; `false` when there is none. While paused
 /// the leader enqueues nothing for it; on resume the fires missed meanwhile are handled by
 /// its missed-fire policy. A restart does not change `paused`.
-pub async fn set_paused(pool: &PgPool, name: &str, paused: bool) -> Result<bool> {
+pub async fn set_paused(pool: &Db, name: &str, paused: bool) -> Result<bool> {
     let done = sqlx::query(
         "UPDATE awa.cron_jobs SET paused = $2, next_fire_at = NULL, updated_at = clock_timestamp()
          WHERE name = $1",
@@ -316,7 +317,7 @@ pub async fn set_paused(pool: &PgPool, name: &str, paused: bool) -> Result<bool>
 /// Enqueue one job for a schedule now, paused or not; `None` when there is no such schedule.
 /// The job's metadata has the schedule name, now as its fire time and
 /// `"awa:cron_triggered": true`; the schedule's own fires are not affected.
-pub async fn trigger(pool: &PgPool, name: &str) -> Result<Option<JobRow>> {
+pub async fn trigger(pool: &Db, name: &str) -> Result<Option<JobRow>> {
     let Some(row) = get(pool, name).await? else {
         return Ok(None);
     };

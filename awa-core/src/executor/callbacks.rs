@@ -5,7 +5,7 @@ use crate::error::AwaError;
 use crate::executor::context::{CallbackToken, CancelSignal};
 use crate::model::JobRow;
 use crate::storage::callbacks::{poll_wait, WaitState};
-use sqlx::PgPool;
+use crate::storage::pool::Db;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,7 +30,7 @@ impl CallbackWaiters {
 
     pub(crate) async fn wait(
         &self,
-        pool: &PgPool,
+        pool: &Db,
         job: &JobRow,
         token: &CallbackToken,
         cancel: &CancelSignal,

@@ -2,7 +2,7 @@
 
 use crate::follow_ups::{FollowUps, StageError};
 use crate::model::{EnqueueRequest, JobArgs, JobRow};
-use sqlx::PgPool;
+use crate::storage::pool::Db;
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -70,7 +70,7 @@ pub struct CallbackToken(pub String);
 pub struct JobContext {
     // Shared with the finalization, so handing the outcome over copies no row.
     pub(crate) job: Arc<JobRow>,
-    pub(crate) pool: PgPool,
+    pub(crate) pool: Db,
     pub(crate) follow_ups: FollowUps,
     pub(crate) cancel: CancelSignal,
     pub(crate) progress: Arc<Mutex<ProgressBuffer>>,
@@ -85,7 +85,7 @@ impl JobContext {
     }
 
     /// The pool, for the handler's own queries.
-    pub fn pool(&self) -> &PgPool {
+    pub fn pool(&self) -> &Db {
         &self.pool
     }
 

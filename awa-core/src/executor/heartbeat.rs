@@ -3,12 +3,12 @@
 
 use crate::executor::inflight::InflightSet;
 use crate::executor::runtime::Shared;
-use sqlx::PgPool;
+use crate::storage::pool::Db;
 use std::sync::Arc;
 
 /// Renew every attempt; returns how many rows matched. Attempts with a pending cancel request
 /// are signalled here too, so a missed `awa:cancel` notification only delays cancellation.
-pub(crate) async fn beat(pool: &PgPool, inflight: &InflightSet) -> Result<u64, sqlx::Error> {
+pub(crate) async fn beat(pool: &Db, inflight: &InflightSet) -> Result<u64, sqlx::Error> {
     let (ids, leases, progress) = inflight.heartbeat_batch();
     if ids.is_empty() {
         return Ok(0);

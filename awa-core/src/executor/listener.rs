@@ -4,6 +4,7 @@
 use crate::executor::runtime::Shared;
 use crate::storage::admin::CANCEL_CHANNEL;
 use crate::storage::callbacks::CALLBACK_CHANNEL;
+use crate::storage::pool::PoolMode;
 use sqlx::postgres::PgListener;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,6 +12,12 @@ use std::time::Duration;
 
 /// LISTEN for queue wake-ups, cancellation requests and callback resolutions.
 pub(crate) async fn run_listener(shared: Arc<Shared>) {
+    if shared.pool.mode() == PoolMode::Transaction {
+        // Behind PgBouncer in transaction mode a LISTEN would land on a session that serves
+        // other clients a moment later; dispatchers poll, heartbeats carry cancel requests.
+        tracing::info!("pool_mode=transaction: no LISTEN; dispatchers poll");
+        return;
+    }
     loop {
         if shared.stop_background.is_cancelled() {
             return;
@@ -29,7 +36,7 @@ pub(crate) async fn run_listener(shared: Arc<Shared>) {
 }
 
 async fn listen_once(shared: &Arc<Shared>) -> Result<(), sqlx::Error> {
-    let mut listener = PgListener::connect_with(&shared.pool).await?;
+    let mut listener = PgListener::connect_with(shared.pool.pool()).await?;
     let mut channels: HashMap<String, String> = HashMap::new();
     for q in shared.queues.keys() {
         let ch: String = sqlx::query_scalar("SELECT awa.queue_channel($1)")

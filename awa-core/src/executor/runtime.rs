@@ -8,7 +8,7 @@ use crate::finalizer::completer::{Completer, CompleterSettings, Settled};
 use crate::finalizer::waker::Waker;
 use crate::finalizer::RetryPolicy;
 use crate::specs::Specs;
-use sqlx::PgPool;
+use crate::storage::pool::Db;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 
 /// Everything the running tasks share.
 pub(crate) struct Shared {
-    pub pool: PgPool,
+    pub pool: Db,
     pub config: RuntimeConfig,
     pub queues: HashMap<String, QueueConfig>,
     pub handlers: HashMap<String, Arc<dyn ErasedHandler>>,
@@ -50,7 +50,7 @@ pub(crate) struct Running {
 }
 
 pub(crate) fn start(
-    pool: PgPool,
+    pool: Db,
     config: RuntimeConfig,
     queues: HashMap<String, QueueConfig>,
     handlers: HashMap<String, Arc<dyn ErasedHandler>>,

@@ -4,8 +4,9 @@ use crate::error::AwaError;
 use crate::finalizer::retry::{self, Failure, Ready, RetryPolicy};
 use crate::finalizer::MAX_FINALIZE_ATTEMPTS;
 use crate::metrics;
+use crate::storage::pool::Db;
 use sqlx::pool::PoolConnection;
-use sqlx::{PgPool, Postgres};
+use sqlx::Postgres;
 
 const COMPLETE_BATCH: &str = "UPDATE awa.jobs j
      SET state = 'completed', finalized_at = now(), progress = NULL, heartbeat_at = NULL,
@@ -17,11 +18,7 @@ const COMPLETE_BATCH: &str = "UPDATE awa.jobs j
 /// Complete every `(id, run_lease)` pair that is still running under that lease; pairs that
 /// match nothing are stale and ignored. Returns the ids that completed. Retries with the
 /// default [`RetryPolicy`] (see [`complete_batch_with`]).
-pub async fn complete_batch(
-    pool: &PgPool,
-    ids: &[i64],
-    leases: &[i64],
-) -> Result<Vec<i64>, AwaError> {
+pub async fn complete_batch(pool: &Db, ids: &[i64], leases: &[i64]) -> Result<Vec<i64>, AwaError> {
     complete_batch_with(pool, ids, leases, &RetryPolicy::default()).await
 }
 
@@ -32,7 +29,7 @@ pub async fn complete_batch(
 /// all. A batch whose commit landed but whose acknowledgement was lost replays as stale (its
 /// rows are no longer `running`), so it is never applied twice.
 pub async fn complete_batch_with(
-    pool: &PgPool,
+    pool: &Db,
     ids: &[i64],
     leases: &[i64],
     policy: &RetryPolicy,

@@ -12,7 +12,7 @@ use crate::finalizer::waker::Waker;
 use crate::finalizer::{batched, finalize_with_retry_via, Finalization};
 use crate::metrics;
 use crate::specs::Specs;
-use sqlx::PgPool;
+use crate::storage::pool::Db;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, Semaphore};
@@ -39,7 +39,7 @@ pub(crate) struct CompleterSettings {
 
 /// The completer of one running client.
 pub(crate) struct Completer {
-    pool: PgPool,
+    pool: Db,
     specs: Specs,
     batch_tx: mpsc::Sender<(i64, i64)>,
     per_job: Arc<Semaphore>,
@@ -52,7 +52,7 @@ impl Completer {
     /// A completer and the receiving end of its batch channel (run it with
     /// [`Completer::run_batcher`]).
     pub(crate) fn new(
-        pool: PgPool,
+        pool: Db,
         specs: Specs,
         settings: CompleterSettings,
         waker: Arc<Waker>,

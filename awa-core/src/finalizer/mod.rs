@@ -27,10 +27,10 @@ use crate::follow_ups::SealedFollowUps;
 use crate::metrics;
 use crate::model::{JobErrorEntry, JobRow};
 use crate::specs::Specs;
+use crate::storage::pool::Db;
 use chrono::{DateTime, Utc};
 use retry::{Failure, Ready};
 pub use retry::{RetryPolicy, DEFAULT_RECONNECT_BUDGET};
-use sqlx::PgPool;
 use std::sync::Arc;
 
 /// Attempts per finalization (the first try plus two retries).
@@ -110,7 +110,7 @@ pub enum Finalized {
 /// (see [`retry`]) with the default [`RetryPolicy`]. The queues that received follow-ups are
 /// woken right after the commit.
 pub async fn finalize_with_retry(
-    pool: &PgPool,
+    pool: &Db,
     fin: &Finalization,
     specs: &Specs,
 ) -> Result<Finalized, AwaError> {
@@ -119,7 +119,7 @@ pub async fn finalize_with_retry(
 
 /// [`finalize_with_retry`] with an explicit retry policy.
 pub async fn finalize_with_policy(
-    pool: &PgPool,
+    pool: &Db,
     fin: &Finalization,
     specs: &Specs,
     policy: &RetryPolicy,
@@ -130,7 +130,7 @@ pub async fn finalize_with_policy(
 /// [`finalize_with_retry`]; with a `waker`, the post-commit wake-ups go through it (the
 /// runtime's, which coalesces them across finalizations).
 pub(crate) async fn finalize_with_retry_via(
-    pool: &PgPool,
+    pool: &Db,
     fin: &Finalization,
     specs: &Specs,
     waker: Option<&waker::Waker>,

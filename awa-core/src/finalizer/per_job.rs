@@ -9,9 +9,10 @@ use crate::seams::{self, Point};
 use crate::specs::{SpecEvent, Specs};
 use crate::storage::dlq::move_to_dlq;
 use crate::storage::insert::{insert_follow_up_in_tx, FollowUpInsert, JobColumns};
+use crate::storage::pool::{Db, PoolMode};
 use crate::storage::wake_queues;
 use sqlx::pool::PoolConnection;
-use sqlx::{Acquire, PgConnection, PgPool, Postgres, Row};
+use sqlx::{PgConnection, Postgres, Row};
 
 /// One try, then wake the queues that received follow-ups (through `waker` when given, else
 /// at once).
@@ -34,7 +35,7 @@ use sqlx::{Acquire, PgConnection, PgPool, Postgres, Row};
 /// `conn`, when given, is the connection to run on (a retry after a lost connection passes the
 /// one that just answered a ping); otherwise one is taken from the pool.
 pub(crate) async fn finalize_once(
-    pool: &PgPool,
+    pool: &Db,
     conn: Option<PoolConnection<Postgres>>,
     fin: &Finalization,
     specs: &Specs,
@@ -46,11 +47,14 @@ pub(crate) async fn finalize_once(
         Some(c) => c,
         None => pool.acquire().await?,
     };
-    let done = if fin.transition == Transition::Completed {
+    // Behind PgBouncer in transaction mode every statement needs an explicit transaction
+    // (see `storage::pool::Db`), so the one-statement completion runs in one too.
+    let one_statement = fin.transition == Transition::Completed && pool.mode() == PoolMode::Session;
+    let done = if one_statement {
         seams::check(Point::BeforeCommit, fin.job.id)?;
         finalize_in_tx_with(&mut conn, fin, specs, Some(&mut woken)).await?
     } else {
-        let mut tx = conn.begin().await?;
+        let mut tx = pool.begin_on(&mut conn).await?;
         let done = finalize_in_tx_with(&mut tx, fin, specs, Some(&mut woken)).await?;
         if done == Finalized::Stale {
             tx.rollback().await?;

@@ -21,8 +21,9 @@
 //! [`MAX_FINALIZE_ATTEMPTS`]: crate::finalizer::MAX_FINALIZE_ATTEMPTS
 
 use crate::error::AwaError;
+use crate::storage::pool::Db;
 use sqlx::pool::PoolConnection;
-use sqlx::{Connection, PgPool, Postgres};
+use sqlx::{Connection, Postgres};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -127,7 +128,7 @@ impl Reconnect {
 
     /// Wait until the pool hands out a connection that answers a ping, backing off
     /// exponentially, and return it for the retry to run on.
-    pub(crate) async fn working_connection(&self, pool: &PgPool) -> Ready {
+    pub(crate) async fn working_connection(&self, pool: &Db) -> Ready {
         if self.budget.is_zero() {
             return Ready::Now;
         }

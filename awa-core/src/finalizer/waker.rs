@@ -10,8 +10,8 @@
 //! at once.
 
 use crate::executor::context::CancelSignal;
+use crate::storage::pool::Db;
 use crate::storage::wake_queues;
-use sqlx::PgPool;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
@@ -38,7 +38,7 @@ impl Waker {
     }
 
     /// Send wake-ups until `stop`, then flush what is left.
-    pub(crate) async fn run(self: Arc<Self>, pool: PgPool, stop: CancelSignal) {
+    pub(crate) async fn run(self: Arc<Self>, pool: Db, stop: CancelSignal) {
         loop {
             tokio::select! {
                 _ = self.ready.notified() => self.flush(&pool).await,
@@ -50,7 +50,7 @@ impl Waker {
         }
     }
 
-    async fn flush(&self, pool: &PgPool) {
+    async fn flush(&self, pool: &Db) {
         let queues: Vec<String> =
             std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()))
                 .into_iter()

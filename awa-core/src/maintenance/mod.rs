@@ -1,6 +1,16 @@
-//! The maintenance leader: one client per database, elected with a session advisory lock held
-//! on a dedicated connection. When that connection (or its process) dies, Postgres releases the
+//! The maintenance leader: one client per database, elected with an advisory lock held on a
+//! dedicated connection. When that connection (or its process) dies, Postgres releases the
 //! lock and another client's next election attempt takes over.
+//!
+//! On a session connection (PostgreSQL directly) the lock is a session lock. Behind PgBouncer
+//! in transaction pooling mode ([`PoolMode::Transaction`]) a session lock would stay on a
+//! server session PgBouncer hands to other clients, so the leader instead opens one
+//! transaction, takes `pg_try_advisory_xact_lock` in it and keeps that transaction open while
+//! it leads: PgBouncer keeps the server session assigned to the leader for exactly that long,
+//! and the lock ends with the transaction (leaving, a lost connection, or the server's
+//! `idle_in_transaction_session_timeout` if it is shorter than the maintenance tick). The
+//! transaction only holds the lock and runs `SELECT 1`; it takes no snapshot between
+//! statements and writes nothing, so it holds back no vacuum.
 
 pub mod prune;
 pub mod rescue;
@@ -8,8 +18,10 @@ pub mod rescue;
 use crate::executor::config::RuntimeConfig;
 use crate::executor::context::CancelSignal;
 use crate::specs::Specs;
+use crate::storage::pool::Db;
+use crate::storage::pool::{ConnectTarget, PoolMode};
 use rescue::RescueKind;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{Connection, Executor, PgConnection};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +31,7 @@ const LEADER_LOCK: i64 = 0x6177_615f_6c65_6164;
 
 /// Run election and, while leader, the periodic duties, until `stop` fires.
 pub(crate) async fn run(
-    pool: PgPool,
+    pool: Db,
     url: Option<String>,
     config: RuntimeConfig,
     specs: Specs,
@@ -31,10 +43,10 @@ pub(crate) async fn run(
             return;
         }
         match try_lead(&pool, url.as_deref()).await {
-            Ok(Some(conn)) => {
+            Ok(Some(lease)) => {
                 is_leader.store(true, Ordering::SeqCst);
                 tracing::info!("became the maintenance leader");
-                lead(&pool, conn, &config, &specs, &stop).await;
+                lead(&pool, lease, &config, &specs, &stop).await;
                 is_leader.store(false, Ordering::SeqCst);
                 tracing::info!("stopped being the maintenance leader");
             }
@@ -48,31 +60,41 @@ pub(crate) async fn run(
     }
 }
 
-async fn try_lead(pool: &PgPool, url: Option<&str>) -> Result<Option<PgConnection>, sqlx::Error> {
-    // A dedicated connection outside the pool: the lock lives exactly as long as it does.
-    let mut conn = match url {
-        Some(u) => PgConnection::connect(u).await?,
-        None => PgConnection::connect_with(&pool.connect_options()).await?,
+/// The leader's dedicated connection and how its lock is held.
+struct Lease {
+    conn: PgConnection,
+    mode: PoolMode,
+}
+
+async fn try_lead(pool: &Db, url: Option<&str>) -> crate::error::Result<Option<Lease>> {
+    // A dedicated connection outside the pool: the lock lives exactly as long as it does (or,
+    // in transaction mode, as long as its transaction).
+    let target = match url {
+        Some(u) => ConnectTarget::parse(u)?,
+        None => pool.target().clone(),
     };
-    let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+    let mut conn = target.connect().await?;
+    let mode = target.mode();
+    let lock = match mode {
+        PoolMode::Session => "SELECT pg_try_advisory_lock($1)",
+        PoolMode::Transaction => {
+            conn.execute("BEGIN; DEALLOCATE ALL").await?;
+            "SELECT pg_try_advisory_xact_lock($1)"
+        }
+    };
+    let got: bool = sqlx::query_scalar(lock)
         .bind(LEADER_LOCK)
         .fetch_one(&mut conn)
         .await?;
     if got {
-        Ok(Some(conn))
+        Ok(Some(Lease { conn, mode }))
     } else {
         let _ = conn.close().await;
         Ok(None)
     }
 }
 
-async fn lead(
-    pool: &PgPool,
-    mut conn: PgConnection,
-    config: &RuntimeConfig,
-    specs: &Specs,
-    stop: &CancelSignal,
-) {
+async fn lead(pool: &Db, lease: Lease, config: &RuntimeConfig, specs: &Specs, stop: &CancelSignal) {
     let tick = [
         config.promote_interval,
         config.heartbeat_rescue_interval,
@@ -85,6 +107,7 @@ async fn lead(
     .max(Duration::from_millis(20));
     let mut last = [Instant::now() - Duration::from_secs(3600); 5];
     let mut cron = crate::cron::evaluate::Ticker::new();
+    let Lease { mut conn, mode } = lease;
     loop {
         let now = Instant::now();
         let due =
@@ -145,9 +168,14 @@ async fn lead(
             return;
         }
     }
-    let _ = sqlx::query("SELECT pg_advisory_unlock($1)")
-        .bind(LEADER_LOCK)
-        .execute(&mut conn)
-        .await;
+    let _ = match mode {
+        PoolMode::Session => sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(LEADER_LOCK)
+            .execute(&mut conn)
+            .await
+            .map(|_| ()),
+        // Ending the transaction ends the transaction-scoped lock.
+        PoolMode::Transaction => conn.execute("ROLLBACK").await.map(|_| ()),
+    };
     let _ = conn.close().await;
 }

@@ -2,12 +2,12 @@
 //! releases its unique key (ADR-046: the deduplication window is tied to terminal retention).
 
 use crate::error::Result;
-use sqlx::PgPool;
+use crate::storage::pool::Db;
 use std::time::Duration;
 
 /// Delete completed rows older than `completed`, and failed or cancelled rows older than
 /// `failed`; at most 10,000 per call. Returns how many were deleted.
-pub async fn prune_terminal(pool: &PgPool, completed: Duration, failed: Duration) -> Result<u64> {
+pub async fn prune_terminal(pool: &Db, completed: Duration, failed: Duration) -> Result<u64> {
     let done = sqlx::query(
         "DELETE FROM awa.jobs WHERE id IN (
              SELECT id FROM awa.jobs

@@ -9,7 +9,7 @@ use crate::model::JobRow;
 use crate::specs::{SpecEvent, Specs};
 use crate::storage::dlq::move_failed_where_enabled;
 use crate::storage::insert::insert_follow_up_in_tx;
-use sqlx::PgPool;
+use crate::storage::pool::Db;
 use std::time::Duration;
 
 /// What a rescue pass looks for.
@@ -21,18 +21,14 @@ pub enum RescueKind {
 }
 
 /// Rescue one kind of stuck job; returns the ids rescued.
-pub async fn rescue_stale(
-    pool: &PgPool,
-    kind: RescueKind,
-    staleness: Duration,
-) -> Result<Vec<i64>> {
+pub async fn rescue_stale(pool: &Db, kind: RescueKind, staleness: Duration) -> Result<Vec<i64>> {
     rescue_stale_with_specs(pool, kind, staleness, &Specs::default()).await
 }
 
 /// [`rescue_stale`], firing the registered `on_exhausted` specs of jobs that rescue fails for
 /// good, in the same transaction (the leader uses its client's specs).
 pub async fn rescue_stale_with_specs(
-    pool: &PgPool,
+    pool: &Db,
     kind: RescueKind,
     staleness: Duration,
     specs: &Specs,
@@ -115,7 +111,7 @@ pub async fn rescue_stale_with_specs(
 }
 
 /// Make due scheduled and retryable jobs available, waking their queues.
-pub async fn promote_due(pool: &PgPool) -> Result<u64> {
+pub async fn promote_due(pool: &Db) -> Result<u64> {
     let n: i64 = sqlx::query_scalar(
         "WITH due AS (
              SELECT id FROM awa.jobs j

@@ -55,7 +55,7 @@ pub const CANCEL_CHANNEL: &str = "awa:cancel";
 /// Cancel a job. A job that has not started (scheduled, available, retryable, or parked in
 /// waiting_external) is cancelled at once; a running job is signalled (`is_cancelled()` turns
 /// true in its handler) and ends however its handler decides. Finished jobs are returned as is.
-pub async fn cancel(pool: &sqlx::PgPool, id: i64) -> Result<JobRow> {
+pub async fn cancel(pool: &crate::storage::pool::Db, id: i64) -> Result<JobRow> {
     let mut tx = pool.begin().await?;
     // Lock the row first: between reading a running job and recording the cancel request, a
     // release (claim-ahead at shutdown) or a rescue could otherwise make it available or
@@ -93,7 +93,10 @@ pub async fn cancel(pool: &sqlx::PgPool, id: i64) -> Result<JobRow> {
 }
 
 /// Cancel the not-yet-finished job holding a unique key; `None` when no row holds it.
-pub async fn cancel_by_unique_key(pool: &sqlx::PgPool, key: &[u8]) -> Result<Option<JobRow>> {
+pub async fn cancel_by_unique_key(
+    pool: &crate::storage::pool::Db,
+    key: &[u8],
+) -> Result<Option<JobRow>> {
     let id: Option<i64> = sqlx::query_scalar(
         "SELECT id FROM awa.jobs WHERE unique_key = $1
            AND state NOT IN ('completed', 'failed', 'cancelled') ORDER BY id DESC LIMIT 1",

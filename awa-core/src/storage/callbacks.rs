@@ -11,8 +11,9 @@ use crate::model::job::JOB_COLUMNS;
 use crate::model::JobRow;
 use crate::specs::{SpecEvent, Specs};
 use crate::storage::insert::insert_follow_up_in_tx;
+use crate::storage::pool::Db;
 use crate::storage::wake_queues;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 use std::time::Duration;
 
 /// The channel that wakes in-handler callback waits.
@@ -20,7 +21,7 @@ pub const CALLBACK_CHANNEL: &str = "awa:callback";
 
 /// Register a callback for the running attempt `(job_id, lease)`.
 pub async fn register_callback(
-    pool: &PgPool,
+    pool: &Db,
     job_id: i64,
     lease: i64,
     timeout: Duration,
@@ -93,7 +94,7 @@ async fn resolve(conn: &mut PgConnection, id: &str, set: &str, param: Param2) ->
 /// transaction. Staged follow-ups of an in-handler wait are not inserted: this process has no
 /// handler context (ADR-046).
 pub async fn complete_external(
-    pool: &PgPool,
+    pool: &Db,
     specs: &Specs,
     callback_id: &str,
     payload: Option<serde_json::Value>,
@@ -120,7 +121,7 @@ pub async fn complete_external(
 
 /// Fail the job waiting on `callback_id` (moved to the DLQ when its queue enables it).
 pub async fn fail_external(
-    pool: &PgPool,
+    pool: &Db,
     specs: &Specs,
     callback_id: &str,
     error: &str,
@@ -147,7 +148,7 @@ pub async fn fail_external(
 }
 
 /// Make the job waiting on `callback_id` retryable now (a new attempt will run).
-pub async fn retry_external(pool: &PgPool, callback_id: &str) -> Result<JobRow> {
+pub async fn retry_external(pool: &Db, callback_id: &str) -> Result<JobRow> {
     let id = parse_uuid_text(callback_id)?;
     let mut tx = pool.begin().await?;
     let job = resolve(
@@ -168,7 +169,7 @@ pub async fn retry_external(pool: &PgPool, callback_id: &str) -> Result<JobRow> 
 /// `wait_for_callback` continues under the same lease (even if the resume arrived before it
 /// started waiting); a job parked by returning `WaitForCallback` becomes available again.
 pub async fn resume_external(
-    pool: &PgPool,
+    pool: &Db,
     callback_id: &str,
     payload: Option<serde_json::Value>,
 ) -> Result<JobRow> {
@@ -189,20 +190,20 @@ pub async fn resume_external(
 }
 
 /// Extend a callback's timeout.
-pub async fn heartbeat_callback(
-    pool: &PgPool,
-    callback_id: &str,
-    timeout: Duration,
-) -> Result<JobRow> {
+pub async fn heartbeat_callback(pool: &Db, callback_id: &str, timeout: Duration) -> Result<JobRow> {
     let id = parse_uuid_text(callback_id)?;
-    let mut conn = pool.acquire().await?;
-    resolve(
-        &mut conn,
+    // One statement, but in a transaction of its own so that it also works through
+    // PgBouncer in transaction mode (see `storage::pool::Db`).
+    let mut tx = pool.begin().await?;
+    let job = resolve(
+        &mut tx,
         id,
         "callback_timeout_at = now() + make_interval(secs => $2)",
         Param2::Float(timeout.as_secs_f64()),
     )
-    .await
+    .await?;
+    tx.commit().await?;
+    Ok(job)
 }
 
 async fn notify_callback(conn: &mut sqlx::PgConnection, id: &str) -> Result<()> {
@@ -225,7 +226,7 @@ pub(crate) enum WaitState {
 
 /// Read the row of a waiting attempt: resumed (take the payload), still pending, or gone.
 pub(crate) async fn poll_wait(
-    pool: &PgPool,
+    pool: &Db,
     job_id: i64,
     lease: i64,
     token: &str,

@@ -95,7 +95,7 @@ pub(crate) enum Release {
 ///
 /// Pairs that match nothing (no longer this worker's) are left out of the result.
 pub(crate) async fn release_claimed(
-    pool: &sqlx::PgPool,
+    pool: &crate::storage::pool::Db,
     ids: &[i64],
     leases: &[i64],
 ) -> Result<Vec<(i64, Release)>> {

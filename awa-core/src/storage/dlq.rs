@@ -3,8 +3,9 @@
 use crate::error::{AwaError, Result};
 use crate::model::job::JOB_COLUMNS;
 use crate::model::JobRow;
+use crate::storage::pool::Db;
 use serde::Serialize;
-use sqlx::{PgConnection, PgExecutor, PgPool, Row};
+use sqlx::{PgConnection, PgExecutor, Row};
 
 /// A dead-lettered job.
 #[derive(Debug, Clone, Serialize)]
@@ -121,7 +122,7 @@ pub async fn dlq_depth<'e, E: PgExecutor<'e>>(executor: E, queue: Option<&str>) 
 }
 
 /// Put a dead-lettered job back as a fresh available job (attempts reset, same id).
-pub async fn retry_from_dlq(pool: &PgPool, id: i64) -> Result<JobRow> {
+pub async fn retry_from_dlq(pool: &Db, id: i64) -> Result<JobRow> {
     let mut tx = pool.begin().await?;
     let row = sqlx::query(&format!(
         "WITH moved AS (DELETE FROM awa.jobs_dlq WHERE id = $1 RETURNING *)

@@ -14,7 +14,8 @@
 //! the owner the SQL to run by hand or from a migration tool).
 
 use crate::error::{AwaError, Result};
-use sqlx::{Executor, PgPool};
+use crate::storage::pool::Db;
+use sqlx::Executor;
 
 /// `(version, sql)`, in order. Never edit a released entry; add a new one.
 const MIGRATIONS: &[(i32, &str)] = &[
@@ -51,7 +52,7 @@ pub fn latest_version() -> i32 {
 /// Apply every pending migration. Idempotent and safe to run concurrently; a no-op (one
 /// read, no lock, no DDL) when the schema is already at [`latest_version`] or newer, so a
 /// role without CREATE rights may call it.
-pub async fn migrate(pool: &PgPool) -> Result<()> {
+pub async fn migrate(pool: &Db) -> Result<()> {
     let found = current_version(pool).await?;
     if found >= latest_version() {
         return Ok(());
@@ -62,7 +63,7 @@ pub async fn migrate(pool: &PgPool) -> Result<()> {
 }
 
 /// Take the lock, re-read the version and apply what is still missing, in one transaction.
-async fn apply_pending(pool: &PgPool) -> std::result::Result<(), sqlx::Error> {
+async fn apply_pending(pool: &Db) -> std::result::Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(MIGRATE_LOCK)
@@ -131,7 +132,7 @@ where
 }
 
 /// The applied schema version, or 0 when the schema does not exist. Read-only.
-pub async fn current_version(pool: &PgPool) -> Result<i32> {
+pub async fn current_version(pool: &Db) -> Result<i32> {
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('awa.schema_version') IS NOT NULL")
         .fetch_one(pool)
         .await?;

@@ -1,7 +1,8 @@
 //! Shared test support: every test gets its own database, dropped when the test ends.
 #![allow(dead_code)]
 
-use sqlx::{Connection, Executor, PgConnection, PgPool};
+use awa_core::storage::pool::Db;
+use sqlx::{Connection, Executor, PgConnection};
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -31,7 +32,7 @@ fn url_for(db: &str) -> String {
 pub struct TestDb {
     pub name: String,
     pub url: String,
-    pub pool: PgPool,
+    pub pool: Db,
 }
 
 impl TestDb {
@@ -86,16 +87,18 @@ impl TestDb {
             .max_connections(20)
             .connect(&url)
             .await
-            .expect("connect");
+            .expect("connect")
+            .into();
         TestDb { name, url, pool }
     }
 
-    pub async fn pool(&self, max: u32) -> PgPool {
+    pub async fn pool(&self, max: u32) -> Db {
         awa_core::pool_options()
             .max_connections(max)
             .connect(&self.url)
             .await
             .expect("connect")
+            .into()
     }
 }
 
@@ -186,12 +189,13 @@ impl TestRole {
     }
 
     /// A pool on `db` connected as this role.
-    pub async fn pool(&self, max: u32) -> PgPool {
+    pub async fn pool(&self, max: u32) -> Db {
         awa_core::pool_options()
             .max_connections(max)
             .connect_with(self.options())
             .await
             .expect("connect as the role")
+            .into()
     }
 }
 

@@ -25,7 +25,7 @@ use awa_core::{
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sqlx::postgres::PgConnection;
-use sqlx::{Connection, PgPool, Row};
+use sqlx::{Connection, Row};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -117,7 +117,7 @@ async fn setup<A: JobArgs>(
         .max_connections(1)
         .connect(url)
         .await?;
-    awa_core::migrate(&pool).await?;
+    awa_core::migrate(&pool.clone().into()).await?;
     let mut next = 0usize;
     while next < n {
         let end = (next + 5_000).min(n);
@@ -379,7 +379,7 @@ async fn floor_point(url: &str, p: FloorPoint) -> Result<Value, AnyError> {
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..p.conns {
-        let pool: PgPool = pool.clone();
+        let pool: awa_core::Db = pool.clone().into();
         let statements = statements.clone();
         let batch = p.batch as i64;
         let pipelined = p.pipelined;
