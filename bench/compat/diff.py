@@ -22,6 +22,7 @@ Our blocking ``Client`` forwards methods through ``__getattr__``; those are reso
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import sys
 from collections.abc import Iterable
@@ -38,6 +39,13 @@ POSITIONAL = ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")
 DELIBERATE = [
     (("tuple:empty",), ("None",),
      "awa-pg's native coroutines resolve to () for a unit result; ours resolve to None (the documented `-> None`)"),
+]
+
+
+# Whole observations that differ on purpose, matched on ``<probe>.<observation>`` with
+# ``fnmatch`` patterns (first match wins), each with its reason. Used where a difference is not
+# one pair of values (a message, a shape) but a decision about a call's behaviour.
+DELIBERATE_PROBES: list[tuple[str, str]] = [
 ]
 
 
@@ -268,7 +276,10 @@ def fmt(value: Any) -> str:
     return text.replace("|", "\\|").replace("\n", " ")[:160]
 
 
-def deliberate(a: Any, b: Any) -> str | None:
+def deliberate(a: Any, b: Any, where: str = "") -> str | None:
+    for pattern, reason in DELIBERATE_PROBES:
+        if fnmatch.fnmatchcase(where, pattern):
+            return reason
     for ref_values, our_values, reason in DELIBERATE:
         if a in ref_values and b in our_values:
             return reason
@@ -288,7 +299,7 @@ def compare_probes(ref: dict[str, Any], ours: dict[str, Any]) -> tuple[list[tupl
             if va == vb:
                 continue
             what = "message" if key.endswith("message") else "type/value"
-            diffs.append((key, va, vb, what, deliberate(va, vb) or ""))
+            diffs.append((key, va, vb, what, deliberate(va, vb, f"{name}.{key}") or ""))
         if diffs:
             out.append((name, diffs))
         else:
