@@ -220,6 +220,13 @@ def test_signatures_are_explicit() -> None:
             inspect.signature(getattr(awa.AsyncClient, name)).parameters.keys(), name
 
 
+async def test_enqueue_many_copy_takes_the_stripe_count_and_refuses_other_than_one(client: awa.AsyncClient) -> None:
+    assert await client.enqueue_many_copy([Chore(n=1)], queue_storage_queue_stripe_count=1) == 1
+    with pytest.raises(awa.ValidationError, match="queue_storage_queue_stripe_count is 4"):
+        await client.enqueue_many_copy([Chore(n=2)], queue_storage_queue_stripe_count=4)
+    assert len(await client.list_jobs()) == 1
+
+
 async def test_transaction_query_keyword(client: awa.AsyncClient) -> None:
     async with client.transaction() as tx:
         assert (await tx.fetch_one("SELECT 1 AS x")) == {"x": 1}

@@ -168,6 +168,14 @@ def _shared_opts(
     }
 
 
+def _one_stripe(count: Any) -> None:
+    if isinstance(count, bool) or count != 1:
+        raise _awa.ValidationError(
+            f"queue_storage_queue_stripe_count is {count!r}; the canonical engine has one stripe "
+            "(queue storage is not supported), so it must be 1"
+        )
+
+
 def _many(jobs: Sequence[Any], opts: Mapping[str, Any]) -> list[str]:
     """Requests for insert_many: each item is args, or ``(args, {per-job options})``."""
     out = []
@@ -312,10 +320,14 @@ class AsyncClient:
         unique_opts: Optional[Mapping[str, Any]] = None,
         ordering_key: Optional[OrderingKey] = None,
         opts: Optional[Sequence[Optional[Mapping[str, Any]]]] = None,
+        queue_storage_queue_stripe_count: int = 1,
     ) -> int:
         """Insert many jobs with one ``COPY`` (all or nothing) and return how many were
         written: the fastest bulk insert (awa-pg's ``enqueue_many_copy`` returns a count too).
-        The same arguments as :meth:`insert_many_copy`."""
+        The same arguments as :meth:`insert_many_copy`. ``queue_storage_queue_stripe_count``
+        is awa-pg's queue-storage setting: the canonical engine has one stripe, so only ``1``
+        is accepted (anything else is a ``ValidationError``, not silently ignored)."""
+        _one_stripe(queue_storage_queue_stripe_count)
         kw = _shared_opts(kind, queue, priority, max_attempts, tags, metadata, run_at, unique_opts, ordering_key)
         return cast("int", await self._native.insert_many_copy(*copy_batch(jobs, kw, opts)))
 
@@ -966,11 +978,12 @@ class Client:
         unique_opts: Optional[Mapping[str, Any]] = None,
         ordering_key: Optional[OrderingKey] = None,
         opts: Optional[Sequence[Optional[Mapping[str, Any]]]] = None,
+        queue_storage_queue_stripe_count: int = 1,
     ) -> int:
         return self._run(self._async.enqueue_many_copy(
             jobs, kind=kind, queue=queue, priority=priority, max_attempts=max_attempts, tags=tags,
             metadata=metadata, run_at=run_at, unique_opts=unique_opts, ordering_key=ordering_key,
-            opts=opts,
+            opts=opts, queue_storage_queue_stripe_count=queue_storage_queue_stripe_count,
         ))
 
     def transaction(self) -> SyncTransaction:
