@@ -147,8 +147,8 @@ async def test_serialization_errors(client: awa.AsyncClient) -> None:
         await client.insert({"f": float("nan")}, kind="k")
     with pytest.raises(awa.SerializationError):
         await client.insert({"o": object()}, kind="k")
-    with pytest.raises(awa.SerializationError):
-        await client.insert(["not", "a", "dict"], kind="k")  # type: ignore[arg-type]
+    with pytest.raises(awa.ValidationError, match="args must be a dataclass, a Pydantic model or a dict, not list"):
+        await client.insert(["not", "a", "dict"], kind="k")
 
 
 async def test_unique_defaults_and_conflict(client: awa.AsyncClient) -> None:
@@ -315,7 +315,7 @@ BAD_COPY_INPUT: list[tuple[str, list[Any], dict[str, Any], type]] = [
     ("run_at not a datetime", [SendEmail(to="a")], {"run_at": "tomorrow"}, awa.ValidationError),
     ("NaN in args", [{"f": float("nan")}], {"kind": "k"}, awa.ValidationError),
     ("object in args", [{"o": object()}], {"kind": "k"}, awa.SerializationError),
-    ("args a list", [["not", "a", "dict"]], {"kind": "k"}, awa.SerializationError),
+    ("args a list", [["not", "a", "dict"]], {"kind": "k"}, awa.ValidationError),
     ("metadata not JSON", [SendEmail(to="a")], {"metadata": {"o": object()}}, awa.SerializationError),
 ]
 

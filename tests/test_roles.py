@@ -155,17 +155,22 @@ async def test_worker_producer_and_admin_calls_run_as_the_application_role(app_u
             assert (await app.complete_external(tokens[0], {"ok": True})).state == "completed"
             assert (await app.health_check())["schema_version"] == awa._awa.SCHEMA_VERSION
             await app.queue_stats()
-            await app.pause_queue("idle")
+            await app.pause_queue("idle", "ops")
             idle = await app.insert(Chore("ok", 9), queue="idle")
             await app.cancel(idle.id)
             await app.retry(idle.id)
             assert await app.drain_queue("idle") == 1
             await app.resume_queue("idle")
-            assert await app.retry_failed() == 1
+            assert len((await app.retry_failed(allow_all=True)).jobs) == 1
             await wait_for_state(app, failing.id, "failed")
-            assert await app.discard_failed() == 1
+            assert await app.discard_failed(failing.kind) == 1
             assert await app.dlq_depth() == 0
-            await app.list_dlq()
-            await app.purge_dlq()
+            assert await app.dlq_depth_by_queue() == []
+            await app.list_dlq(kind="chore", tag="t")
+            await app.purge_dlq(allow_all=True)
+            await app.bulk_retry_from_dlq(allow_all=True)
+            await app.bulk_move_failed_to_dlq(allow_all=True)
+            await app.purge_dlq_job(failing.id)
+            await app.dump_job(idle.id)
         finally:
             await app.shutdown()

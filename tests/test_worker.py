@@ -118,11 +118,11 @@ async def test_exhausted_attempts_fail_and_dlq(client: awa.AsyncClient) -> None:
     finally:
         await client.shutdown()
     entry = await client.get_dlq_job(dead.id)
-    assert entry["queue"] == "dlq" and "always" in entry["reason"]
-    assert [d["id"] for d in await client.list_dlq()] == [dead.id]
+    assert entry is not None and entry.job.queue == "dlq" and "always" in entry.reason
+    assert [d.job.id for d in await client.list_dlq()] == [dead.id]
     back = await client.retry_from_dlq(dead.id)
-    assert (back.state, back.attempt) == ("available", 0)
-    assert await client.purge_dlq() == 0
+    assert back is not None and (back.state, back.attempt) == ("available", 0)
+    assert await client.purge_dlq(allow_all=True) == 0
 
 
 async def test_handlers_run_concurrently(client: awa.AsyncClient) -> None:
@@ -218,9 +218,9 @@ async def test_admin_actions(client: awa.AsyncClient) -> None:
     got = await client.cancel_by_unique_key(Work(mode="u"), queue="adm")
     assert got is not None and got.id == u.id and got.state == "cancelled"
     await client._execute("UPDATE awa.jobs SET state = 'failed', finalized_at = now() WHERE queue = 'adm'")
-    assert await client.retry_failed(queue="adm") == 3
+    assert (await client.retry_failed(queue="adm")).matched == 3
     await client._execute("UPDATE awa.jobs SET state = 'failed', finalized_at = now() WHERE queue = 'adm'")
-    assert await client.discard_failed(queue="adm") == 3
+    assert await client.discard_failed("work", queue="adm") == 3
 
 
 async def test_engine_logs_reach_python_logging(client: awa.AsyncClient, caplog: pytest.LogCaptureFixture) -> None:

@@ -148,6 +148,27 @@ pub(crate) fn is_unique_conflict(e: &sqlx::Error) -> bool {
     })
 }
 
+/// The engine's error for a server error that another driver reported while running one of
+/// the engine's statements (`awa.bridge`: an insert written through the application's own
+/// asyncpg, psycopg, SQLAlchemy or Django connection), classified exactly as
+/// `From<sqlx::Error>` and the insert path classify sqlx's: the deduplication index is a
+/// [`AwaError::UniqueConflict`] for `kind`, a missing object of schema `awa` is
+/// [`AwaError::SchemaNotMigrated`]. `None` for any other error: it stays the driver's own.
+pub fn classify_server_error(
+    code: Option<&str>,
+    constraint: Option<&str>,
+    message: &str,
+    kind: &str,
+) -> Option<AwaError> {
+    if code == Some("23505") && constraint == Some("idx_awa_jobs_unique") {
+        return Some(AwaError::UniqueConflict { kind: kind.into() });
+    }
+    let missing_object = matches!(code, Some("42P01" | "3F000" | "42883" | "42704"));
+    (missing_object && names_awa_object(message)).then(|| AwaError::SchemaNotMigrated {
+        detail: message.to_string(),
+    })
+}
+
 /// Whether a failed finalization may be retried in a new transaction: a deadlock, a
 /// serialization failure, or a connection that broke (the commit may or may not have landed).
 pub(crate) fn is_transient(e: &sqlx::Error) -> bool {

@@ -224,6 +224,7 @@ async fn fail_external_fails_and_retry_external_runs_the_job_again() {
     assert_eq!(dead.id, to_dlq.id);
     let in_dlq = dlq::get_dlq_job(&db.pool, to_dlq.id)
         .await
+        .expect("read the dlq")
         .expect("moved to the dlq");
     assert_eq!(in_dlq.reason, "gone for good");
     assert!(get_job(&db.pool, to_dlq.id).await.is_err(), "left awa.jobs");

@@ -294,26 +294,37 @@ async fn workers_producers_and_admin_calls_run_as_the_application_role() {
     admin::set_queue_paused(&app, "idle", false)
         .await
         .expect("resume");
-    let dead = dlq::list_dlq(&app, Some("dead"), 10)
+    let dead_filter = dlq::DlqFilter {
+        queue: Some("dead".into()),
+        ..Default::default()
+    };
+    let dead = dlq::list_dlq(&app, &dead_filter, 10)
         .await
         .expect("list_dlq");
     assert_eq!(dead.len(), 1);
     dlq::get_dlq_job(&app, failing.id)
         .await
-        .expect("get_dlq_job");
-    dlq::retry_from_dlq(&app, failing.id)
+        .expect("get_dlq_job")
+        .expect("in the dlq");
+    dlq::retry_from_dlq(&app, failing.id, &dlq::RetryOverrides::default())
         .await
-        .expect("retry_from_dlq");
+        .expect("retry_from_dlq")
+        .expect("was in the dlq");
     eventually("the retried job back in the DLQ", T, || async {
         let depth = dlq::dlq_depth(&app, Some("dead")).await.expect("dlq depth");
         (depth == 1).then_some(())
     })
     .await;
-    assert_eq!(dlq::purge_dlq(&app, None).await.expect("purge"), 1);
-    admin::retry_failed(&app, None, None)
+    assert_eq!(
+        dlq::purge_dlq(&app, &dead_filter, false)
+            .await
+            .expect("purge"),
+        1
+    );
+    admin::retry_failed(&app, None, None, true)
         .await
         .expect("retry_failed");
-    admin::discard_failed(&app, None, None)
+    admin::discard_failed(&app, "failing", None)
         .await
         .expect("discard_failed");
 

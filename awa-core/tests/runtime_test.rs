@@ -144,7 +144,10 @@ async fn exhausted_attempts_fail_or_move_to_the_dlq() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     client.shutdown(Duration::from_secs(5)).await;
-    let dead = dlq::get_dlq_job(&db.pool, job.id).await.expect("in dlq");
+    let dead = dlq::get_dlq_job(&db.pool, job.id)
+        .await
+        .expect("read the dlq")
+        .expect("in dlq");
     assert!(
         dead.reason.contains("attempts exhausted"),
         "{}",
@@ -155,11 +158,17 @@ async fn exhausted_attempts_fail_or_move_to_the_dlq() {
         get_job(&db.pool, terminal.id).await.is_err(),
         "moved out of awa.jobs"
     );
-    let back = dlq::retry_from_dlq(&db.pool, job.id)
+    let back = dlq::retry_from_dlq(&db.pool, job.id, &dlq::RetryOverrides::default())
         .await
-        .expect("retry from dlq");
+        .expect("retry from dlq")
+        .expect("was in the dlq");
     assert_eq!((back.state, back.attempt), (JobState::Available, 0));
-    assert_eq!(dlq::purge_dlq(&db.pool, None).await.expect("purge"), 1);
+    assert_eq!(
+        dlq::purge_dlq(&db.pool, &dlq::DlqFilter::default(), true)
+            .await
+            .expect("purge"),
+        1
+    );
 }
 
 #[tokio::test]

@@ -750,7 +750,7 @@ async fn a_swallowed_staging_error_fails_the_attempt() {
     client.start().await.expect("start");
     let failed = wait_for_state(&db, too_many.id, &[JobState::Failed], T).await;
     let dead = eventually("the invalid one to reach the DLQ", T, || async {
-        dlq::get_dlq_job(&db.pool, invalid.id).await.ok()
+        dlq::get_dlq_job(&db.pool, invalid.id).await.ok().flatten()
     })
     .await;
     client.shutdown(Duration::from_secs(5)).await;

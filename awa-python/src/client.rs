@@ -234,6 +234,33 @@ pub(crate) fn check_setting(field: &str, value: f64) -> PyResult<f64> {
     awa_core::executor::config::check_setting(field, value).py_err()
 }
 
+/// An RFC 3339 instant sent by the Python package (which turns datetimes into text).
+fn parse_instant(text: &str) -> PyResult<chrono::DateTime<chrono::Utc>> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|e| {
+            crate::errors::ValidationError::new_err(format!(
+                "{text:?} is not an RFC 3339 timestamp: {e}"
+            ))
+        })
+}
+
+fn dlq_filter(
+    kind: Option<String>,
+    queue: Option<String>,
+    tag: Option<String>,
+    before_id: Option<i64>,
+    before_dlq_at: Option<String>,
+) -> PyResult<dlq::DlqFilter> {
+    Ok(dlq::DlqFilter {
+        kind,
+        queue,
+        tag,
+        before_id,
+        before_dlq_at: before_dlq_at.as_deref().map(parse_instant).transpose()?,
+    })
+}
+
 #[pyclass(module = "awa._awa")]
 pub struct NativeClient {
     pub(crate) pool: Db,
@@ -459,6 +486,19 @@ impl NativeClient {
         })
     }
 
+    #[pyo3(signature = (queue, paused_by = None))]
+    fn pause_queue<'py>(
+        &self,
+        py: Python<'py>,
+        queue: String,
+        paused_by: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let pool = self.pool.clone();
+        json_future(py, async move {
+            admin::pause_queue(&pool, &queue, paused_by.as_deref()).await
+        })
+    }
+
     fn drain_queue<'py>(&self, py: Python<'py>, queue: String) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
         json_future(py, async move { admin::drain_queue(&pool, &queue).await })
@@ -469,45 +509,56 @@ impl NativeClient {
         json_future(py, async move { admin::queue_stats(&pool).await })
     }
 
-    #[pyo3(signature = (kind = None, queue = None))]
+    /// `{"jobs": [...], "matched": n}` as JSON.
+    #[pyo3(signature = (kind = None, queue = None, allow_all = false))]
     fn retry_failed<'py>(
         &self,
         py: Python<'py>,
         kind: Option<String>,
         queue: Option<String>,
+        allow_all: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
         json_future(py, async move {
-            admin::retry_failed(&pool, kind.as_deref(), queue.as_deref()).await
+            admin::retry_failed(&pool, kind.as_deref(), queue.as_deref(), allow_all).await
         })
     }
 
-    #[pyo3(signature = (kind = None, queue = None))]
+    #[pyo3(signature = (kind, queue = None))]
     fn discard_failed<'py>(
+        &self,
+        py: Python<'py>,
+        kind: String,
+        queue: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let pool = self.pool.clone();
+        json_future(py, async move {
+            admin::discard_failed(&pool, &kind, queue.as_deref()).await
+        })
+    }
+
+    /// Dead-lettered jobs matching the filter, newest first, as JSON.
+    #[pyo3(signature = (kind = None, queue = None, tag = None, before_id = None, before_dlq_at = None, limit = 100))]
+    #[allow(clippy::too_many_arguments)]
+    fn list_dlq<'py>(
         &self,
         py: Python<'py>,
         kind: Option<String>,
         queue: Option<String>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let pool = self.pool.clone();
-        json_future(py, async move {
-            admin::discard_failed(&pool, kind.as_deref(), queue.as_deref()).await
-        })
-    }
-
-    #[pyo3(signature = (queue = None, limit = 100))]
-    fn list_dlq<'py>(
-        &self,
-        py: Python<'py>,
-        queue: Option<String>,
+        tag: Option<String>,
+        before_id: Option<i64>,
+        before_dlq_at: Option<String>,
         limit: i64,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let filter = dlq_filter(kind, queue, tag, before_id, before_dlq_at)?;
         let pool = self.pool.clone();
-        json_future(py, async move {
-            dlq::list_dlq(&pool, queue.as_deref(), limit).await
-        })
+        json_future(
+            py,
+            async move { dlq::list_dlq(&pool, &filter, limit).await },
+        )
     }
 
+    /// One dead-lettered job as JSON (`null` when absent).
     fn get_dlq_job<'py>(&self, py: Python<'py>, job_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
         json_future(py, async move { dlq::get_dlq_job(&pool, job_id).await })
@@ -526,22 +577,114 @@ impl NativeClient {
         )
     }
 
-    fn retry_from_dlq<'py>(&self, py: Python<'py>, job_id: i64) -> PyResult<Bound<'py, PyAny>> {
+    fn dlq_depth_by_queue<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move { dlq::retry_from_dlq(&pool, job_id).await })
+        json_future(py, async move { dlq::dlq_depth_by_queue(&pool).await })
     }
 
-    #[pyo3(signature = (queue = None))]
+    /// Revive a dead-lettered job with overrides; the job as JSON (`null` when absent).
+    #[pyo3(signature = (job_id, run_at = None, priority = None, queue = None))]
+    fn retry_from_dlq<'py>(
+        &self,
+        py: Python<'py>,
+        job_id: i64,
+        run_at: Option<String>,
+        priority: Option<i64>,
+        queue: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let priority = priority
+            .map(|p| {
+                i16::try_from(p).map_err(|_| {
+                    AwaError::from(awa_core::model::ValidationError::Priority { value: p })
+                })
+            })
+            .transpose()
+            .py_err()?;
+        let overrides = dlq::RetryOverrides {
+            run_at: run_at.as_deref().map(parse_instant).transpose()?,
+            priority,
+            queue,
+        };
+        let pool = self.pool.clone();
+        json_future(py, async move {
+            dlq::retry_from_dlq(&pool, job_id, &overrides).await
+        })
+    }
+
+    #[pyo3(signature = (kind = None, queue = None, tag = None, allow_all = false))]
+    fn bulk_retry_from_dlq<'py>(
+        &self,
+        py: Python<'py>,
+        kind: Option<String>,
+        queue: Option<String>,
+        tag: Option<String>,
+        allow_all: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let filter = dlq_filter(kind, queue, tag, None, None)?;
+        let pool = self.pool.clone();
+        json_future(py, async move {
+            dlq::bulk_retry_from_dlq(&pool, &filter, allow_all).await
+        })
+    }
+
+    /// Move one failed job to the DLQ; the entry as JSON (`null` when no failed job has the id).
+    fn move_failed_to_dlq<'py>(
+        &self,
+        py: Python<'py>,
+        job_id: i64,
+        reason: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let pool = self.pool.clone();
+        json_future(py, async move {
+            dlq::move_failed_to_dlq(&pool, job_id, &reason).await
+        })
+    }
+
+    #[pyo3(signature = (kind = None, queue = None, reason = "manual", allow_all = false))]
+    fn bulk_move_failed_to_dlq<'py>(
+        &self,
+        py: Python<'py>,
+        kind: Option<String>,
+        queue: Option<String>,
+        reason: &str,
+        allow_all: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let reason = reason.to_string();
+        let pool = self.pool.clone();
+        json_future(py, async move {
+            dlq::bulk_move_failed_to_dlq(
+                &pool,
+                kind.as_deref(),
+                queue.as_deref(),
+                &reason,
+                allow_all,
+            )
+            .await
+        })
+    }
+
+    fn purge_dlq_job<'py>(&self, py: Python<'py>, job_id: i64) -> PyResult<Bound<'py, PyAny>> {
+        let pool = self.pool.clone();
+        json_future(py, async move { dlq::purge_dlq_job(&pool, job_id).await })
+    }
+
+    #[pyo3(signature = (kind = None, queue = None, tag = None, before_id = None, before_dlq_at = None, allow_all = false))]
+    #[allow(clippy::too_many_arguments)]
     fn purge_dlq<'py>(
         &self,
         py: Python<'py>,
+        kind: Option<String>,
         queue: Option<String>,
+        tag: Option<String>,
+        before_id: Option<i64>,
+        before_dlq_at: Option<String>,
+        allow_all: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let filter = dlq_filter(kind, queue, tag, before_id, before_dlq_at)?;
         let pool = self.pool.clone();
-        json_future(
-            py,
-            async move { dlq::purge_dlq(&pool, queue.as_deref()).await },
-        )
+        json_future(py, async move {
+            dlq::purge_dlq(&pool, &filter, allow_all).await
+        })
     }
 
     /// Resolve a callback: action is complete, fail, retry, resume or heartbeat.

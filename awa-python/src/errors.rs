@@ -129,6 +129,13 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DatabaseError", py.get_type::<DatabaseError>())?;
     m.add("CallbackNotFound", py.get_type::<CallbackNotFound>())?;
     m.add("JobNotFound", py.get_type::<JobNotFound>())?;
+    // A ValidationError is also a ValueError: code written for awa-pg catches ValueError where
+    // it raised one for bad input (`list_jobs(state="nope")`, `retry_failed()` without a
+    // filter, a negative callback timeout), and `except ValueError` is what Python code
+    // writes for a bad argument value. Set once here so every raise of the class has it.
+    let value_error = py.get_type::<pyo3::exceptions::PyValueError>();
+    py.get_type::<ValidationError>()
+        .setattr("__bases__", (py.get_type::<AwaError>(), value_error))?;
     let getter = wrap_pyfunction!(database_error_sqlstate, m)?;
     let property = py
         .import("builtins")?

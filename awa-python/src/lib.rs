@@ -6,6 +6,7 @@
 //! - `convert`: Python values ↔ SQL parameters and result rows.
 //! - `client`: `NativeClient` (pool, migrate, insert, admin reads).
 //! - `transaction`: `NativeTransaction` (caller-owned transactions).
+//! - `driver`: `awa.bridge`'s validated insert statement for the application's own driver.
 //! - `cron`: periodic jobs (registration checks, upsert at start, schedule operations).
 //! - `worker`: the Python worker bridge (`NativeWorker`, `NativeJobContext`).
 //! - `logging`: engine `tracing` events forwarded to Python's `logging`.
@@ -14,6 +15,7 @@ mod bridge;
 mod client;
 mod convert;
 mod cron;
+mod driver;
 mod errors;
 mod logging;
 mod transaction;
@@ -60,6 +62,8 @@ fn _awa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stage_check, m)?)?;
     m.add_function(wrap_pyfunction!(client::check_setting, m)?)?;
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
+    m.add_function(wrap_pyfunction!(driver::driver_insert, m)?)?;
+    m.add_function(wrap_pyfunction!(driver::driver_error, m)?)?;
     m.add(
         "MAX_STAGED_FOLLOW_UPS",
         awa_core::follow_ups::MAX_STAGED_FOLLOW_UPS,

@@ -22,6 +22,7 @@ Our blocking ``Client`` forwards methods through ``__getattr__``; those are reso
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import sys
 from collections.abc import Iterable
@@ -39,6 +40,71 @@ DELIBERATE = [
     (("tuple:empty",), ("None",),
      "awa-pg's native coroutines resolve to () for a unit result; ours resolve to None (the documented `-> None`)"),
 ]
+
+
+# Whole observations that differ on purpose, matched on ``<probe>.<observation>`` with
+# ``fnmatch`` patterns (first match wins), each with its reason. Used where a difference is not
+# one pair of values (a message, a shape) but a decision about a call's behaviour.
+_VALIDATED = ("ours validates before the database and raises awa.ValidationError (also a ValueError) naming "
+              "the field and its limit; awa-pg surfaces its database CHECK, a PyO3 extraction TypeError or an "
+              "OverflowError (team rule: bad input is a clear typed error, nothing sent)")
+_KEEP_OURS = "ours refuses what awa-pg accepts by accident (see GAPS.md item 2, 'Keep ours'): nothing is stored"
+_DLQ_CANONICAL = ("awa-pg's DLQ calls need queue storage on its default engine; ours work on the canonical "
+                  "engine (addition). The qs.dlq.* probes compare the real contract")
+_DLQ_AUTO = ("the probe's qs mode gives ours a queue started with dlq=True, whose failed jobs move to the DLQ "
+             "by themselves: they are already there, so a manual move finds no failed job (None / 0)")
+DELIBERATE_PROBES: list[tuple[str, str]] = [
+    # Item 2: bad input (GAPS.md, the bad-input table).
+    ("insert.bad_priority_*", _VALIDATED),
+    ("insert.bad_max_attempts_*", _VALIDATED),
+    ("insert.bad_args_null_byte.*", _VALIDATED),
+    ("insert.bad_kind_type.*", _VALIDATED),
+    ("insert.bad_tags_type.*", _VALIDATED + "; a str for tags was stored split into characters before"),
+    ("insert.bad_args_int.message", "same class (ValidationError); ours names the type given"),
+    ("insert.ordering_key_int.message", "same class (ValidationError); ours names the type given"),
+    ("insert.run_at_bad_string.message", "same class (ValidationError); ours names the field and the format"),
+    ("insert.bad_kind_empty.*", _KEEP_OURS),
+    ("insert.bad_queue_empty.*", _KEEP_OURS),
+    ("insert.bad_unique_opts_key.*", _KEEP_OURS + " (an unknown unique option is a typo, not a no-op)"),
+    ("insert.dict_args_no_kind.*", _KEEP_OURS + " (awa-pg files every such job under kind 'dict')"),
+    ("insert.run_at_datetime_past.state", "a run_at in the past is due: ours inserts it available, awa-pg "
+     "scheduled (then promoted); claiming order and outcome are the same"),
+    ("insert.unique_conflict.second.message", "same class (UniqueConflict); ours names the kind instead of "
+     "the raw constraint error"),
+    ("client.list_jobs_bad_state.*", "ours raises awa.ValidationError, which is also a ValueError: "
+     "`except ValueError` written for awa-pg still catches it"),
+    ("admin.cancel_retry.*", "ours raises JobNotFound (a subclass of AwaError) for a missing id, returns the "
+     "job for a repeated cancel and explains a bad retry; awa-pg says 'job not found' for existing jobs"),
+    ("client.get_job_missing.*", "JobNotFound is a subclass of AwaError: `except AwaError` still catches it"),
+    ("sync.client.get_job_missing.*", "JobNotFound is a subclass of AwaError: `except AwaError` still catches it"),
+    ("client.use_after_close.insert_after_close.message", "same class (DatabaseError); ours prefixes "
+     "'database error:'"),
+    ("sync.client.insert_after_close.message", "same class (DatabaseError); the blocking client says it is "
+     "closed before reaching the pool"),
+    ("client.worker_deprecated_alias.returns", "the decorator is a Python function in ours, a native one in "
+     "awa-pg; both register the handler and warn once"),
+    ("client.insert_many.*", "AsyncClient.insert_many is ours only (addition)"),
+    ("client.enqueue_many_copy.*", "ours works on the canonical engine (addition)"),
+    ("sync.client.has_start", "ours runs workers from the blocking client too (addition)"),
+    ("sync.client.has_task", "ours runs workers from the blocking client too (addition)"),
+    # Item 2: the dead-letter queue.
+    ("dlq.*", _DLQ_CANONICAL),
+    ("failed.*", "ours on the canonical engine; same contract as qs.failed.*"),
+    ("qs.failed.make_failed_jobs.states", _DLQ_AUTO),
+    ("qs.dlq.move_failed_to_dlq.*", _DLQ_AUTO),
+    ("qs.dlq.bulk_move_failed_to_dlq.by_kind.value", _DLQ_AUTO),
+    # Item 5: awa.bridge.
+    ("bridge.psycopg_sync.bad_priority.*", "validated by the native module as insert does (ValidationError, "
+     "nothing sent); awa-pg lets the CHECK violation surface as the driver's error"),
+    ("bridge.psycopg_sync.unique_opts.*", "ours takes unique_opts and computes the key as insert does "
+     "(issue 13 item 5); awa-pg's bridge has no unique_opts"),
+]
+
+
+def _only_value_error_added(a: Any, b: Any) -> bool:
+    """Our class chain is awa-pg's with ValueError added (ValidationError is also a ValueError)."""
+    return (isinstance(a, list) and isinstance(b, list) and "ValueError" in b and "ValueError" not in a
+            and [x for x in b if x != "ValueError"] == a)
 
 
 def load(path: str) -> dict[str, Any]:
@@ -268,7 +334,12 @@ def fmt(value: Any) -> str:
     return text.replace("|", "\\|").replace("\n", " ")[:160]
 
 
-def deliberate(a: Any, b: Any) -> str | None:
+def deliberate(a: Any, b: Any, where: str = "") -> str | None:
+    if _only_value_error_added(a, b):
+        return "awa.ValidationError is also a ValueError in ours (addition: `except ValueError` catches bad input)"
+    for pattern, reason in DELIBERATE_PROBES:
+        if fnmatch.fnmatchcase(where, pattern):
+            return reason
     for ref_values, our_values, reason in DELIBERATE:
         if a in ref_values and b in our_values:
             return reason
@@ -288,7 +359,7 @@ def compare_probes(ref: dict[str, Any], ours: dict[str, Any]) -> tuple[list[tupl
             if va == vb:
                 continue
             what = "message" if key.endswith("message") else "type/value"
-            diffs.append((key, va, vb, what, deliberate(va, vb) or ""))
+            diffs.append((key, va, vb, what, deliberate(va, vb, f"{name}.{key}") or ""))
         if diffs:
             out.append((name, diffs))
         else:

@@ -26,6 +26,7 @@ from ._client import AsyncClient, Client, SyncTransaction, Transaction
 from ._convert import MAX_JSON_DEPTH, derive_kind
 from ._job import Job
 from ._outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
+from ._results import DlqEntry, RetryFailedResult
 from ._states import DEFAULT_UNIQUE_STATES, JobState, unique_states
 
 __version__ = _distribution_version("awa-queue")  # the installed distribution's, i.e. pyproject.toml's
@@ -42,11 +43,13 @@ __all__ = [
     "Client",
     "DEFAULT_UNIQUE_STATES",
     "DatabaseError",
+    "DlqEntry",
     "Job",
     "JobNotFound",
     "JobState",
     "MAX_JSON_DEPTH",
     "RetryAfter",
+    "RetryFailedResult",
     "SchemaNotMigrated",
     "SerializationError",
     "Snooze",

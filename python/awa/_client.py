@@ -10,11 +10,14 @@ from typing import Any, Awaitable, Mapping, Optional, Sequence, TypeVar, cast
 
 import json
 import logging
+import warnings
 
 from . import _awa
 from . import _cron
-from ._convert import build_request, checked_setting, copy_batch, derive_kind, json_text
+from ._convert import OrderingKey, RunAt, build_request, checked_setting, copy_batch, derive_kind, json_text, run_at_text
+from ._dump import dump_job_text, dump_run_text
 from ._job import Job, job_from_json, jobs_from_json
+from ._results import DlqEntry, RetryFailedResult, dlq_entry_from_dict, retry_failed_result_from_dict
 from ._worker import Pump, TaskSpec
 
 __all__ = ["AsyncClient", "Client", "Transaction", "SyncTransaction"]
@@ -42,30 +45,95 @@ class Transaction:
     def __init__(self, native: Any) -> None:
         self._native = native
 
-    async def execute(self, sql: str, *args: Any) -> int:
-        return cast("int", await self._native.execute(sql, list(args)))
+    async def execute(self, query: str, *args: Any) -> int:
+        """Run one statement; returns the number of rows it affected."""
+        return cast("int", await self._native.execute(query, list(args)))
 
-    async def fetch_one(self, sql: str, *args: Any) -> dict[str, Any]:
-        return cast("dict[str, Any]", await self._native.fetch_one(sql, list(args)))
+    async def fetch_one(self, query: str, *args: Any) -> dict[str, Any]:
+        """The one row the query returns; ``awa.DatabaseError`` when it returns none."""
+        return cast("dict[str, Any]", await self._native.fetch_one(query, list(args)))
 
-    async def fetch_optional(self, sql: str, *args: Any) -> Optional[dict[str, Any]]:
-        return cast("Optional[dict[str, Any]]", await self._native.fetch_optional(sql, list(args)))
+    async def fetch_optional(self, query: str, *args: Any) -> Optional[dict[str, Any]]:
+        """The first row the query returns, or None."""
+        return cast("Optional[dict[str, Any]]", await self._native.fetch_optional(query, list(args)))
 
-    async def fetch_all(self, sql: str, *args: Any) -> list[dict[str, Any]]:
-        return cast("list[dict[str, Any]]", await self._native.fetch_all(sql, list(args)))
+    async def fetch_all(self, query: str, *args: Any) -> list[dict[str, Any]]:
+        return cast("list[dict[str, Any]]", await self._native.fetch_all(query, list(args)))
 
-    async def insert(self, args: Any, **opts: Any) -> Job:
-        return await _insert_one(self._native, _request(args, **opts))
+    async def insert(
+        self,
+        args: Any,
+        *,
+        kind: Optional[str] = None,
+        queue: str = "default",
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: Optional[Sequence[str]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        run_at: Optional[RunAt] = None,
+        unique_opts: Optional[Mapping[str, Any]] = None,
+        ordering_key: Optional[OrderingKey] = None,
+    ) -> Job:
+        """:meth:`AsyncClient.insert` inside this transaction."""
+        return await _insert_one(self._native, _request(
+            args, kind=kind, queue=queue, priority=priority, max_attempts=max_attempts, tags=tags,
+            metadata=metadata, run_at=run_at, unique_opts=unique_opts, ordering_key=ordering_key,
+        ))
 
-    async def insert_many(self, jobs: Sequence[Any], **opts: Any) -> list[Job]:
+    async def insert_many(
+        self,
+        jobs: Sequence[Any],
+        *,
+        kind: Optional[str] = None,
+        queue: str = "default",
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: Optional[Sequence[str]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        run_at: Optional[RunAt] = None,
+        unique_opts: Optional[Mapping[str, Any]] = None,
+        ordering_key: Optional[OrderingKey] = None,
+    ) -> list[Job]:
+        """:meth:`AsyncClient.insert_many` inside this transaction."""
+        opts = _shared_opts(kind, queue, priority, max_attempts, tags, metadata, run_at, unique_opts, ordering_key)
         return jobs_from_json(await self._native.insert_many(_many(jobs, opts)))
 
-    async def insert_many_copy(self, jobs: Sequence[Any], *, opts: Optional[Sequence[Optional[Mapping[str, Any]]]] = None, **kw: Any) -> list[Job]:
+    async def insert_many_copy(
+        self,
+        jobs: Sequence[Any],
+        *,
+        kind: Optional[str] = None,
+        queue: str = "default",
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: Optional[Sequence[str]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        run_at: Optional[RunAt] = None,
+        unique_opts: Optional[Mapping[str, Any]] = None,
+        ordering_key: Optional[OrderingKey] = None,
+        opts: Optional[Sequence[Optional[Mapping[str, Any]]]] = None,
+    ) -> list[Job]:
         """``AsyncClient.insert_many_copy`` inside this transaction."""
+        kw = _shared_opts(kind, queue, priority, max_attempts, tags, metadata, run_at, unique_opts, ordering_key)
         return jobs_from_json(await self._native.insert_many_copy(*copy_batch(jobs, kw, opts), returning=True))
 
-    async def enqueue_many_copy(self, jobs: Sequence[Any], *, opts: Optional[Sequence[Optional[Mapping[str, Any]]]] = None, **kw: Any) -> int:
+    async def enqueue_many_copy(
+        self,
+        jobs: Sequence[Any],
+        *,
+        kind: Optional[str] = None,
+        queue: str = "default",
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: Optional[Sequence[str]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        run_at: Optional[RunAt] = None,
+        unique_opts: Optional[Mapping[str, Any]] = None,
+        ordering_key: Optional[OrderingKey] = None,
+        opts: Optional[Sequence[Optional[Mapping[str, Any]]]] = None,
+    ) -> int:
         """``AsyncClient.enqueue_many_copy`` inside this transaction."""
+        kw = _shared_opts(kind, queue, priority, max_attempts, tags, metadata, run_at, unique_opts, ordering_key)
         return cast("int", await self._native.insert_many_copy(*copy_batch(jobs, kw, opts)))
 
     async def commit(self) -> None:
@@ -84,6 +152,28 @@ class Transaction:
             await self.commit()
         else:
             await self.rollback()
+
+
+def _shared_opts(
+    kind: Optional[str], queue: str, priority: int, max_attempts: int, tags: Optional[Sequence[str]],
+    metadata: Optional[Mapping[str, Any]], run_at: Optional[RunAt],
+    unique_opts: Optional[Mapping[str, Any]], ordering_key: Optional[OrderingKey],
+) -> dict[str, Any]:
+    """The batch-wide options of a bulk insert as the keyword dict ``_many``/``copy_batch``
+    merge per-job options into."""
+    return {
+        "kind": kind, "queue": queue, "priority": priority, "max_attempts": max_attempts,
+        "tags": tags, "metadata": metadata, "run_at": run_at, "unique_opts": unique_opts,
+        "ordering_key": ordering_key,
+    }
+
+
+def _one_stripe(count: Any) -> None:
+    if isinstance(count, bool) or count != 1:
+        raise _awa.ValidationError(
+            f"queue_storage_queue_stripe_count is {count!r}; the canonical engine has one stripe "
+            "(queue storage is not supported), so it must be 1"
+        )
 
 
 def _many(jobs: Sequence[Any], opts: Mapping[str, Any]) -> list[str]:
@@ -163,10 +253,14 @@ class AsyncClient:
         max_attempts: int = 25,
         tags: Optional[Sequence[str]] = None,
         metadata: Optional[Mapping[str, Any]] = None,
-        run_at: Optional[_dt.datetime] = None,
+        run_at: Optional[RunAt] = None,
         unique_opts: Optional[Mapping[str, Any]] = None,
-        ordering_key: Optional[str] = None,
+        ordering_key: Optional[OrderingKey] = None,
     ) -> Job:
+        """Insert one job. ``args`` is a dataclass, a Pydantic model or a dict (then ``kind=``
+        is required); ``run_at`` a ``datetime`` (naive means UTC) or an RFC 3339 string; a
+        future ``run_at`` makes the job ``scheduled``. Bad input raises ``awa.ValidationError``
+        (also a ``ValueError``) naming the field, before anything is written."""
         request = _request(
             args, kind=kind, queue=queue, priority=priority, max_attempts=max_attempts,
             tags=tags, metadata=metadata, run_at=run_at, unique_opts=unique_opts,
@@ -174,23 +268,71 @@ class AsyncClient:
         )
         return await _insert_one(self._native, request)
 
-    async def insert_many(self, jobs: Sequence[Any], **opts: Any) -> list[Job]:
+    async def insert_many(
+        self,
+        jobs: Sequence[Any],
+        *,
+        kind: Optional[str] = None,
+        queue: str = "default",
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: Optional[Sequence[str]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        run_at: Optional[RunAt] = None,
+        unique_opts: Optional[Mapping[str, Any]] = None,
+        ordering_key: Optional[OrderingKey] = None,
+    ) -> list[Job]:
         """Insert many jobs in one statement (all or nothing). Each item is args or
         ``(args, {options})``; keyword options apply to every item."""
+        opts = _shared_opts(kind, queue, priority, max_attempts, tags, metadata, run_at, unique_opts, ordering_key)
         return jobs_from_json(await self._native.insert_many(_many(jobs, opts)))
 
-    async def insert_many_copy(self, jobs: Sequence[Any], *, opts: Optional[Sequence[Optional[Mapping[str, Any]]]] = None, **kw: Any) -> list[Job]:
+    async def insert_many_copy(
+        self,
+        jobs: Sequence[Any],
+        *,
+        kind: Optional[str] = None,
+        queue: str = "default",
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: Optional[Sequence[str]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        run_at: Optional[RunAt] = None,
+        unique_opts: Optional[Mapping[str, Any]] = None,
+        ordering_key: Optional[OrderingKey] = None,
+        opts: Optional[Sequence[Optional[Mapping[str, Any]]]] = None,
+    ) -> list[Job]:
         """Insert many jobs with one ``COPY`` (all or nothing) and return them, as awa-pg's
         ``insert_many_copy`` does. The same arguments and errors as :meth:`insert_many`;
         ``opts`` gives per-job options (one entry per job, ``None`` or a dict). Reading the
         rows back costs most of what COPY saves: use :meth:`enqueue_many_copy` when a count
         is enough."""
+        kw = _shared_opts(kind, queue, priority, max_attempts, tags, metadata, run_at, unique_opts, ordering_key)
         return jobs_from_json(await self._native.insert_many_copy(*copy_batch(jobs, kw, opts), returning=True))
 
-    async def enqueue_many_copy(self, jobs: Sequence[Any], *, opts: Optional[Sequence[Optional[Mapping[str, Any]]]] = None, **kw: Any) -> int:
+    async def enqueue_many_copy(
+        self,
+        jobs: Sequence[Any],
+        *,
+        kind: Optional[str] = None,
+        queue: str = "default",
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: Optional[Sequence[str]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        run_at: Optional[RunAt] = None,
+        unique_opts: Optional[Mapping[str, Any]] = None,
+        ordering_key: Optional[OrderingKey] = None,
+        opts: Optional[Sequence[Optional[Mapping[str, Any]]]] = None,
+        queue_storage_queue_stripe_count: int = 1,
+    ) -> int:
         """Insert many jobs with one ``COPY`` (all or nothing) and return how many were
         written: the fastest bulk insert (awa-pg's ``enqueue_many_copy`` returns a count too).
-        The same arguments as :meth:`insert_many_copy`."""
+        The same arguments as :meth:`insert_many_copy`. ``queue_storage_queue_stripe_count``
+        is awa-pg's queue-storage setting: the canonical engine has one stripe, so only ``1``
+        is accepted (anything else is a ``ValidationError``, not silently ignored)."""
+        _one_stripe(queue_storage_queue_stripe_count)
+        kw = _shared_opts(kind, queue, priority, max_attempts, tags, metadata, run_at, unique_opts, ordering_key)
         return cast("int", await self._native.insert_many_copy(*copy_batch(jobs, kw, opts)))
 
     def transaction(self) -> _TransactionContext:
@@ -224,6 +366,11 @@ class AsyncClient:
             return handler
 
         return register
+
+    def worker(self, args_type: Any, *, kind: Optional[str] = None, queue: str = "default") -> Any:
+        """Deprecated alias of :meth:`task` (awa-pg's old name); warns once per call."""
+        warnings.warn("client.worker() is deprecated, use client.task() instead", DeprecationWarning, stacklevel=2)
+        return self.task(args_type, kind=kind, queue=queue)
 
     async def start(
         self,
@@ -329,38 +476,149 @@ class AsyncClient:
     async def retry(self, job_id: int) -> Job:
         return job_from_json(await self._native.retry(job_id))
 
-    async def pause_queue(self, queue: str) -> None:
-        await self._native.set_queue_paused(queue, True)
+    async def pause_queue(self, queue: str, paused_by: Optional[str] = None) -> None:
+        """Stop every client claiming from ``queue`` (running jobs finish). ``paused_by`` (free
+        text: an operator, a deploy) is recorded with the time, for the operator tools."""
+        await self._native.pause_queue(queue, paused_by)
 
     async def resume_queue(self, queue: str) -> None:
         await self._native.set_queue_paused(queue, False)
 
     async def drain_queue(self, queue: str) -> int:
+        """Cancel every job of ``queue`` that has not started; returns how many."""
         return cast("int", json.loads(await self._native.drain_queue(queue)))
 
     async def queue_stats(self) -> list[dict[str, Any]]:
         return cast("list[dict[str, Any]]", json.loads(await self._native.queue_stats()))
 
-    async def retry_failed(self, *, kind: Optional[str] = None, queue: Optional[str] = None) -> int:
-        return cast("int", json.loads(await self._native.retry_failed(kind, queue)))
+    async def flush_admin_metadata(self) -> None:
+        """awa-pg recomputes cached admin counters here. Awa's ``queue_stats()`` counts live,
+        so there is nothing to flush: kept so code written for awa-pg runs unchanged."""
 
-    async def discard_failed(self, *, kind: Optional[str] = None, queue: Optional[str] = None) -> int:
+    async def retry_failed(
+        self, *, kind: Optional[str] = None, queue: Optional[str] = None, allow_all: bool = False
+    ) -> RetryFailedResult:
+        """Make the failed jobs of a kind and/or queue available again. Without a filter
+        ``awa.ValidationError`` (also a ``ValueError``, as awa-pg raises) unless
+        ``allow_all=True``: a bare call must not rerun every failed job by accident."""
+        text = await self._native.retry_failed(kind, queue, allow_all)
+        return retry_failed_result_from_dict(json.loads(text))
+
+    async def discard_failed(self, kind: str, *, queue: Optional[str] = None) -> int:
+        """Delete the failed jobs of ``kind`` (optionally only in ``queue``); returns how many.
+        ``kind`` is required: no call deletes every failed job at once."""
+        if not isinstance(kind, str):
+            raise _awa.ValidationError(f"kind must be a str, not {type(kind).__name__}")
         return cast("int", json.loads(await self._native.discard_failed(kind, queue)))
 
-    async def list_dlq(self, *, queue: Optional[str] = None, limit: int = 100) -> list[dict[str, Any]]:
-        return cast("list[dict[str, Any]]", json.loads(await self._native.list_dlq(queue, limit)))
+    async def dump_job(self, job_id: int) -> str:
+        """The job, a summary (can it be retried or cancelled, its errors) and its timeline, as
+        indented JSON (awa-pg's shape: keys ``job``, ``summary``, ``timeline``).
+        ``awa.JobNotFound`` for an unknown id."""
+        return dump_job_text(json.loads(await self._native.get_job(job_id)))
 
-    async def get_dlq_job(self, job_id: int) -> dict[str, Any]:
-        return cast("dict[str, Any]", json.loads(await self._native.get_dlq_job(job_id)))
+    async def dump_run(self, job_id: int, attempt: Optional[int] = None) -> str:
+        """One attempt of the job (default: the current one) as indented JSON. An attempt that
+        is neither current nor in the job's error history raises ``awa.ValidationError``."""
+        return dump_run_text(json.loads(await self._native.get_job(job_id)), attempt)
+
+    # ----- dead-letter queue -------------------------------------------------------------------
+    #
+    # Failed jobs of a queue started with {"dlq": True} move to awa.jobs_dlq; any failed job can
+    # be moved by hand. Bulk calls that change or delete rows refuse an empty filter unless
+    # allow_all=True.
+
+    async def list_dlq(
+        self,
+        *,
+        kind: Optional[str] = None,
+        queue: Optional[str] = None,
+        tag: Optional[str] = None,
+        before_id: Optional[int] = None,
+        before_dlq_at: Optional[_dt.datetime] = None,
+        limit: int = 100,
+    ) -> list[DlqEntry]:
+        """Dead-lettered jobs, newest first. Page with the last entry's
+        ``(before_dlq_at=entry.dlq_at, before_id=entry.job.id)``."""
+        text = await self._native.list_dlq(kind, queue, tag, before_id, run_at_text(before_dlq_at), limit)
+        return [dlq_entry_from_dict(d) for d in json.loads(text)]
+
+    async def get_dlq_job(self, job_id: int) -> Optional[DlqEntry]:
+        """The DLQ entry of a job, or None when it is not in the DLQ."""
+        d = json.loads(await self._native.get_dlq_job(job_id))
+        return None if d is None else dlq_entry_from_dict(d)
 
     async def dlq_depth(self, queue: Optional[str] = None) -> int:
+        """How many jobs are dead-lettered (in ``queue``, or in all queues)."""
         return cast("int", json.loads(await self._native.dlq_depth(queue)))
 
-    async def retry_from_dlq(self, job_id: int) -> Job:
-        return job_from_json(await self._native.retry_from_dlq(job_id))
+    async def dlq_depth_by_queue(self) -> list[tuple[str, int]]:
+        """``(queue, depth)`` of every queue with dead-lettered jobs, deepest first."""
+        return [(q, int(n)) for q, n in json.loads(await self._native.dlq_depth_by_queue())]
 
-    async def purge_dlq(self, queue: Optional[str] = None) -> int:
-        return cast("int", json.loads(await self._native.purge_dlq(queue)))
+    async def retry_from_dlq(
+        self,
+        job_id: int,
+        *,
+        run_at: Optional[_dt.datetime] = None,
+        priority: Optional[int] = None,
+        queue: Optional[str] = None,
+    ) -> Optional[Job]:
+        """Move a dead-lettered job back as a fresh job (attempts reset, same id): available,
+        or scheduled for a future ``run_at``; ``priority`` and ``queue`` override the stored
+        ones (checked as for an insert). None when the job is not in the DLQ."""
+        text = await self._native.retry_from_dlq(job_id, run_at_text(run_at), priority, queue)
+        return None if text == "null" else job_from_json(text)
+
+    async def bulk_retry_from_dlq(
+        self,
+        *,
+        kind: Optional[str] = None,
+        queue: Optional[str] = None,
+        tag: Optional[str] = None,
+        allow_all: bool = False,
+    ) -> int:
+        """Revive every dead-lettered job of a kind, queue and/or tag; returns how many.
+        Without a filter ``awa.ValidationError`` unless ``allow_all=True``."""
+        return cast("int", json.loads(await self._native.bulk_retry_from_dlq(kind, queue, tag, allow_all)))
+
+    async def move_failed_to_dlq(self, job_id: int, reason: str) -> Optional[DlqEntry]:
+        """Move one failed job into the DLQ; None when no failed job has this id."""
+        d = json.loads(await self._native.move_failed_to_dlq(job_id, reason))
+        return None if d is None else dlq_entry_from_dict(d)
+
+    async def bulk_move_failed_to_dlq(
+        self,
+        *,
+        kind: Optional[str] = None,
+        queue: Optional[str] = None,
+        reason: str = "manual",
+        allow_all: bool = False,
+    ) -> int:
+        """Move every failed job of a kind and/or queue into the DLQ; returns how many.
+        Without a filter ``awa.ValidationError`` unless ``allow_all=True``."""
+        text = await self._native.bulk_move_failed_to_dlq(kind, queue, reason, allow_all)
+        return cast("int", json.loads(text))
+
+    async def purge_dlq_job(self, job_id: int) -> bool:
+        """Delete one dead-lettered job; True when it was there."""
+        return cast("bool", json.loads(await self._native.purge_dlq_job(job_id)))
+
+    async def purge_dlq(
+        self,
+        *,
+        kind: Optional[str] = None,
+        queue: Optional[str] = None,
+        tag: Optional[str] = None,
+        before_id: Optional[int] = None,
+        before_dlq_at: Optional[_dt.datetime] = None,
+        allow_all: bool = False,
+    ) -> int:
+        """Delete the dead-lettered jobs matching the filter (older than the cursor, if
+        given); returns how many. Without kind, queue or tag ``awa.ValidationError`` unless
+        ``allow_all=True``: a bare ``purge_dlq()`` must not empty the DLQ."""
+        text = await self._native.purge_dlq(kind, queue, tag, before_id, run_at_text(before_dlq_at), allow_all)
+        return cast("int", json.loads(text))
 
     # ----- external callbacks ----------------------------------------------------------------
 
@@ -495,7 +753,12 @@ class _LoopThread:
 
     def run(self, coro: Awaitable[T]) -> T:
         if self.loop.is_closed():
-            raise _awa.AwaError("the client is closed")
+            # The coroutine was built by the caller already: close it, or Python warns that
+            # it was never awaited. DatabaseError, as a call on the closed async client raises.
+            close = getattr(coro, "close", None)
+            if close is not None:
+                close()
+            raise _awa.DatabaseError("the client is closed")
         return asyncio.run_coroutine_threadsafe(_await(coro), self.loop).result()
 
     def stop(self) -> None:
@@ -519,29 +782,97 @@ class SyncTransaction:
         self._run = runner.run
         self._tx = tx
 
-    def execute(self, sql: str, *args: Any) -> int:
-        return self._run(self._tx.execute(sql, *args))
+    def execute(self, query: str, *args: Any) -> int:
+        return self._run(self._tx.execute(query, *args))
 
-    def fetch_one(self, sql: str, *args: Any) -> dict[str, Any]:
-        return self._run(self._tx.fetch_one(sql, *args))
+    def fetch_one(self, query: str, *args: Any) -> dict[str, Any]:
+        return self._run(self._tx.fetch_one(query, *args))
 
-    def fetch_optional(self, sql: str, *args: Any) -> Optional[dict[str, Any]]:
-        return self._run(self._tx.fetch_optional(sql, *args))
+    def fetch_optional(self, query: str, *args: Any) -> Optional[dict[str, Any]]:
+        return self._run(self._tx.fetch_optional(query, *args))
 
-    def fetch_all(self, sql: str, *args: Any) -> list[dict[str, Any]]:
-        return self._run(self._tx.fetch_all(sql, *args))
+    def fetch_all(self, query: str, *args: Any) -> list[dict[str, Any]]:
+        return self._run(self._tx.fetch_all(query, *args))
 
-    def insert(self, args: Any, **opts: Any) -> Job:
-        return self._run(self._tx.insert(args, **opts))
+    def insert(
+        self,
+        args: Any,
+        *,
+        kind: Optional[str] = None,
+        queue: str = "default",
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: Optional[Sequence[str]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        run_at: Optional[RunAt] = None,
+        unique_opts: Optional[Mapping[str, Any]] = None,
+        ordering_key: Optional[OrderingKey] = None,
+    ) -> Job:
+        return self._run(self._tx.insert(
+            args, kind=kind, queue=queue, priority=priority, max_attempts=max_attempts, tags=tags,
+            metadata=metadata, run_at=run_at, unique_opts=unique_opts, ordering_key=ordering_key,
+        ))
 
-    def insert_many(self, jobs: Sequence[Any], **opts: Any) -> list[Job]:
-        return self._run(self._tx.insert_many(jobs, **opts))
+    def insert_many(
+        self,
+        jobs: Sequence[Any],
+        *,
+        kind: Optional[str] = None,
+        queue: str = "default",
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: Optional[Sequence[str]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        run_at: Optional[RunAt] = None,
+        unique_opts: Optional[Mapping[str, Any]] = None,
+        ordering_key: Optional[OrderingKey] = None,
+    ) -> list[Job]:
+        return self._run(self._tx.insert_many(
+            jobs, kind=kind, queue=queue, priority=priority, max_attempts=max_attempts, tags=tags,
+            metadata=metadata, run_at=run_at, unique_opts=unique_opts, ordering_key=ordering_key,
+        ))
 
-    def insert_many_copy(self, jobs: Sequence[Any], **opts: Any) -> list[Job]:
-        return self._run(self._tx.insert_many_copy(jobs, **opts))
+    def insert_many_copy(
+        self,
+        jobs: Sequence[Any],
+        *,
+        kind: Optional[str] = None,
+        queue: str = "default",
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: Optional[Sequence[str]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        run_at: Optional[RunAt] = None,
+        unique_opts: Optional[Mapping[str, Any]] = None,
+        ordering_key: Optional[OrderingKey] = None,
+        opts: Optional[Sequence[Optional[Mapping[str, Any]]]] = None,
+    ) -> list[Job]:
+        return self._run(self._tx.insert_many_copy(
+            jobs, kind=kind, queue=queue, priority=priority, max_attempts=max_attempts, tags=tags,
+            metadata=metadata, run_at=run_at, unique_opts=unique_opts, ordering_key=ordering_key,
+            opts=opts,
+        ))
 
-    def enqueue_many_copy(self, jobs: Sequence[Any], **opts: Any) -> int:
-        return self._run(self._tx.enqueue_many_copy(jobs, **opts))
+    def enqueue_many_copy(
+        self,
+        jobs: Sequence[Any],
+        *,
+        kind: Optional[str] = None,
+        queue: str = "default",
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: Optional[Sequence[str]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        run_at: Optional[RunAt] = None,
+        unique_opts: Optional[Mapping[str, Any]] = None,
+        ordering_key: Optional[OrderingKey] = None,
+        opts: Optional[Sequence[Optional[Mapping[str, Any]]]] = None,
+    ) -> int:
+        return self._run(self._tx.enqueue_many_copy(
+            jobs, kind=kind, queue=queue, priority=priority, max_attempts=max_attempts, tags=tags,
+            metadata=metadata, run_at=run_at, unique_opts=unique_opts, ordering_key=ordering_key,
+            opts=opts,
+        ))
 
     def commit(self) -> None:
         self._run(self._tx.commit())
@@ -578,17 +909,86 @@ class Client:
     def migrate(self) -> None:
         self._run(self._async.migrate())
 
-    def insert(self, args: Any, **opts: Any) -> Job:
-        return self._run(self._async.insert(args, **opts))
+    def insert(
+        self,
+        args: Any,
+        *,
+        kind: Optional[str] = None,
+        queue: str = "default",
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: Optional[Sequence[str]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        run_at: Optional[RunAt] = None,
+        unique_opts: Optional[Mapping[str, Any]] = None,
+        ordering_key: Optional[OrderingKey] = None,
+    ) -> Job:
+        return self._run(self._async.insert(
+            args, kind=kind, queue=queue, priority=priority, max_attempts=max_attempts, tags=tags,
+            metadata=metadata, run_at=run_at, unique_opts=unique_opts, ordering_key=ordering_key,
+        ))
 
-    def insert_many(self, jobs: Sequence[Any], **opts: Any) -> list[Job]:
-        return self._run(self._async.insert_many(jobs, **opts))
+    def insert_many(
+        self,
+        jobs: Sequence[Any],
+        *,
+        kind: Optional[str] = None,
+        queue: str = "default",
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: Optional[Sequence[str]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        run_at: Optional[RunAt] = None,
+        unique_opts: Optional[Mapping[str, Any]] = None,
+        ordering_key: Optional[OrderingKey] = None,
+    ) -> list[Job]:
+        return self._run(self._async.insert_many(
+            jobs, kind=kind, queue=queue, priority=priority, max_attempts=max_attempts, tags=tags,
+            metadata=metadata, run_at=run_at, unique_opts=unique_opts, ordering_key=ordering_key,
+        ))
 
-    def insert_many_copy(self, jobs: Sequence[Any], **opts: Any) -> list[Job]:
-        return self._run(self._async.insert_many_copy(jobs, **opts))
+    def insert_many_copy(
+        self,
+        jobs: Sequence[Any],
+        *,
+        kind: Optional[str] = None,
+        queue: str = "default",
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: Optional[Sequence[str]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        run_at: Optional[RunAt] = None,
+        unique_opts: Optional[Mapping[str, Any]] = None,
+        ordering_key: Optional[OrderingKey] = None,
+        opts: Optional[Sequence[Optional[Mapping[str, Any]]]] = None,
+    ) -> list[Job]:
+        return self._run(self._async.insert_many_copy(
+            jobs, kind=kind, queue=queue, priority=priority, max_attempts=max_attempts, tags=tags,
+            metadata=metadata, run_at=run_at, unique_opts=unique_opts, ordering_key=ordering_key,
+            opts=opts,
+        ))
 
-    def enqueue_many_copy(self, jobs: Sequence[Any], **opts: Any) -> int:
-        return self._run(self._async.enqueue_many_copy(jobs, **opts))
+    def enqueue_many_copy(
+        self,
+        jobs: Sequence[Any],
+        *,
+        kind: Optional[str] = None,
+        queue: str = "default",
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: Optional[Sequence[str]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        run_at: Optional[RunAt] = None,
+        unique_opts: Optional[Mapping[str, Any]] = None,
+        ordering_key: Optional[OrderingKey] = None,
+        opts: Optional[Sequence[Optional[Mapping[str, Any]]]] = None,
+        queue_storage_queue_stripe_count: int = 1,
+    ) -> int:
+        return self._run(self._async.enqueue_many_copy(
+            jobs, kind=kind, queue=queue, priority=priority, max_attempts=max_attempts, tags=tags,
+            metadata=metadata, run_at=run_at, unique_opts=unique_opts, ordering_key=ordering_key,
+            opts=opts, queue_storage_queue_stripe_count=queue_storage_queue_stripe_count,
+        ))
 
     def transaction(self) -> SyncTransaction:
         return SyncTransaction(self._runner, self._run(self._async.transaction()._open()))
@@ -596,14 +996,141 @@ class Client:
     def get_job(self, job_id: int) -> Job:
         return self._run(self._async.get_job(job_id))
 
-    def list_jobs(self, **filters: Any) -> list[Job]:
-        return self._run(self._async.list_jobs(**filters))
+    def list_jobs(
+        self,
+        *,
+        state: Optional[str] = None,
+        kind: Optional[str] = None,
+        queue: Optional[str] = None,
+        limit: int = 100,
+    ) -> list[Job]:
+        return self._run(self._async.list_jobs(state=state, kind=kind, queue=queue, limit=limit))
 
     def task(self, args_type: Any, *, kind: Optional[str] = None, queue: str = "default") -> Any:
         return self._async.task(args_type, kind=kind, queue=queue)
 
+    def worker(self, args_type: Any, *, kind: Optional[str] = None, queue: str = "default") -> Any:
+        """Deprecated alias of :meth:`task`; warns once per call."""
+        warnings.warn("client.worker() is deprecated, use client.task() instead", DeprecationWarning, stacklevel=2)
+        return self._async.task(args_type, kind=kind, queue=queue)
+
     def metrics(self) -> dict[str, int]:
         return self._async.metrics()
+
+    # ----- admin (see AsyncClient for each call's contract) ----------------------------------
+
+    def cancel(self, job_id: int) -> Job:
+        return self._run(self._async.cancel(job_id))
+
+    def retry(self, job_id: int) -> Job:
+        return self._run(self._async.retry(job_id))
+
+    def pause_queue(self, queue: str, paused_by: Optional[str] = None) -> None:
+        self._run(self._async.pause_queue(queue, paused_by))
+
+    def resume_queue(self, queue: str) -> None:
+        self._run(self._async.resume_queue(queue))
+
+    def drain_queue(self, queue: str) -> int:
+        return self._run(self._async.drain_queue(queue))
+
+    def queue_stats(self) -> list[dict[str, Any]]:
+        return self._run(self._async.queue_stats())
+
+    def flush_admin_metadata(self) -> None:
+        self._run(self._async.flush_admin_metadata())
+
+    def retry_failed(
+        self, *, kind: Optional[str] = None, queue: Optional[str] = None, allow_all: bool = False
+    ) -> RetryFailedResult:
+        return self._run(self._async.retry_failed(kind=kind, queue=queue, allow_all=allow_all))
+
+    def discard_failed(self, kind: str, *, queue: Optional[str] = None) -> int:
+        return self._run(self._async.discard_failed(kind, queue=queue))
+
+    def dump_job(self, job_id: int) -> str:
+        return self._run(self._async.dump_job(job_id))
+
+    def dump_run(self, job_id: int, attempt: Optional[int] = None) -> str:
+        return self._run(self._async.dump_run(job_id, attempt))
+
+    # ----- dead-letter queue ------------------------------------------------------------------
+
+    def list_dlq(
+        self,
+        *,
+        kind: Optional[str] = None,
+        queue: Optional[str] = None,
+        tag: Optional[str] = None,
+        before_id: Optional[int] = None,
+        before_dlq_at: Optional[_dt.datetime] = None,
+        limit: int = 100,
+    ) -> list[DlqEntry]:
+        return self._run(self._async.list_dlq(
+            kind=kind, queue=queue, tag=tag, before_id=before_id, before_dlq_at=before_dlq_at, limit=limit,
+        ))
+
+    def get_dlq_job(self, job_id: int) -> Optional[DlqEntry]:
+        return self._run(self._async.get_dlq_job(job_id))
+
+    def dlq_depth(self, queue: Optional[str] = None) -> int:
+        return self._run(self._async.dlq_depth(queue))
+
+    def dlq_depth_by_queue(self) -> list[tuple[str, int]]:
+        return self._run(self._async.dlq_depth_by_queue())
+
+    def retry_from_dlq(
+        self,
+        job_id: int,
+        *,
+        run_at: Optional[_dt.datetime] = None,
+        priority: Optional[int] = None,
+        queue: Optional[str] = None,
+    ) -> Optional[Job]:
+        return self._run(self._async.retry_from_dlq(job_id, run_at=run_at, priority=priority, queue=queue))
+
+    def bulk_retry_from_dlq(
+        self,
+        *,
+        kind: Optional[str] = None,
+        queue: Optional[str] = None,
+        tag: Optional[str] = None,
+        allow_all: bool = False,
+    ) -> int:
+        return self._run(self._async.bulk_retry_from_dlq(kind=kind, queue=queue, tag=tag, allow_all=allow_all))
+
+    def move_failed_to_dlq(self, job_id: int, reason: str) -> Optional[DlqEntry]:
+        return self._run(self._async.move_failed_to_dlq(job_id, reason))
+
+    def bulk_move_failed_to_dlq(
+        self,
+        *,
+        kind: Optional[str] = None,
+        queue: Optional[str] = None,
+        reason: str = "manual",
+        allow_all: bool = False,
+    ) -> int:
+        return self._run(self._async.bulk_move_failed_to_dlq(
+            kind=kind, queue=queue, reason=reason, allow_all=allow_all,
+        ))
+
+    def purge_dlq_job(self, job_id: int) -> bool:
+        return self._run(self._async.purge_dlq_job(job_id))
+
+    def purge_dlq(
+        self,
+        *,
+        kind: Optional[str] = None,
+        queue: Optional[str] = None,
+        tag: Optional[str] = None,
+        before_id: Optional[int] = None,
+        before_dlq_at: Optional[_dt.datetime] = None,
+        allow_all: bool = False,
+    ) -> int:
+        return self._run(self._async.purge_dlq(
+            kind=kind, queue=queue, tag=tag, before_id=before_id, before_dlq_at=before_dlq_at,
+            allow_all=allow_all,
+        ))
 
     # ----- periodic jobs (docs/periodic.md) --------------------------------------------------
 
@@ -657,9 +1184,8 @@ class Client:
             self._runner.stop()
 
 
+# Forwarded through __getattr__ (the rest of the blocking surface is real methods above).
 _BLOCKING_MIRRORED = frozenset({
-    "start", "shutdown", "health_check", "cancel", "cancel_by_unique_key", "retry", "pause_queue",
-    "resume_queue", "drain_queue", "queue_stats", "retry_failed", "discard_failed", "list_dlq",
-    "get_dlq_job", "dlq_depth", "retry_from_dlq", "purge_dlq", "complete_external",
+    "start", "shutdown", "health_check", "cancel_by_unique_key", "complete_external",
     "fail_external", "retry_external", "resume_external", "heartbeat_callback",
 })

@@ -14,13 +14,13 @@ import json
 import math
 import re
 import uuid
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from . import _awa
 
 __all__ = [
-    "MAX_JSON_DEPTH", "args_to_json_text", "build_request", "checked_setting", "copy_batch",
-    "derive_kind", "json_text", "kind_for",
+    "MAX_JSON_DEPTH", "OrderingKey", "RunAt", "args_to_json_text", "build_request",
+    "checked_setting", "copy_batch", "derive_kind", "json_text", "kind_for", "run_at_text",
 ]
 
 MAX_JSON_DEPTH: int = _awa.MAX_JSON_DEPTH
@@ -171,8 +171,14 @@ def args_to_json_text(args: Any) -> str:
         return json_text(_shallow_fields(args), "args")
     if isinstance(args, Mapping):
         return json_text(dict(args), "args")
-    raise _awa.SerializationError(
-        f"args do not convert to JSON: args must be a dataclass, a Pydantic model or a dict, not {type(args).__name__}"
+    raise _not_args(args)
+
+
+def _not_args(args: Any) -> Exception:
+    # A ValidationError, as awa-pg raises for the same input: the value is of a type args can
+    # never be, not one JSON failed to encode.
+    return _awa.ValidationError(
+        f"args must be a dataclass, a Pydantic model or a dict, not {type(args).__name__}"
     )
 
 
@@ -185,15 +191,61 @@ def kind_for(args: Any, kind: Optional[str]) -> str:
     return derive_kind(type(args).__name__)
 
 
-def _run_at_text(run_at: Optional[_dt.datetime]) -> Optional[str]:
+RunAt = Union[_dt.datetime, str]
+"""``run_at``: a ``datetime`` (naive means UTC) or an RFC 3339 string
+(``"2099-01-01T00:00:00Z"``, with a ``Z`` or an offset), as awa-pg accepts."""
+
+OrderingKey = Union[str, bytes]
+"""``ordering_key``: a ``str``, or UTF-8 ``bytes`` (awa-pg's type; Awa stores it as text)."""
+
+
+# Date, time, optional fraction, and a Z or numeric offset: what chrono's RFC 3339 parser takes.
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})\Z")
+
+
+def run_at_text(run_at: Optional[RunAt]) -> Optional[str]:
+    """``run_at`` as the RFC 3339 text the engine parses; a string is passed through for the
+    engine to check (strictly: a date alone or a missing offset is refused)."""
     if run_at is None:
         return None
+    if isinstance(run_at, str):
+        if not _RFC3339.match(run_at):
+            raise _awa.ValidationError(
+                f"run_at {run_at!r} is not an RFC 3339 timestamp with an offset (e.g. 2099-01-01T00:00:00Z)"
+            )
+        return run_at
     if not isinstance(run_at, _dt.datetime):
-        raise _awa.ValidationError(f"run_at must be a datetime, not {type(run_at).__name__}")
+        raise _awa.ValidationError(f"run_at must be a datetime or an RFC 3339 string, not {type(run_at).__name__}")
     if run_at.tzinfo is None:
         # A naive datetime is taken as UTC, the timezone the database stores.
         run_at = run_at.replace(tzinfo=_dt.timezone.utc)
     return run_at.isoformat()
+
+
+def _ordering_key_text(key: Optional[OrderingKey]) -> Optional[str]:
+    if key is None or isinstance(key, str):
+        return key
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        try:
+            return bytes(key).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _awa.ValidationError(
+                "ordering_key bytes must be UTF-8 text (Awa stores the key as text)"
+            ) from None
+    raise _awa.ValidationError(f"ordering_key must be a str or bytes, not {type(key).__name__}")
+
+
+def _tags_list(tags: Optional[Sequence[str]]) -> list[str]:
+    if tags is None:
+        return []
+    # A str is a Sequence of str too: without this check "urgent" would become 6 tags.
+    if isinstance(tags, (str, bytes)) or not isinstance(tags, (Sequence, set, frozenset)):
+        raise _awa.ValidationError(f"tags must be a list of str, not {type(tags).__name__}")
+    out = list(tags)
+    for i, tag in enumerate(out):
+        if not isinstance(tag, str):
+            raise _awa.ValidationError(f"tags[{i}] must be a str, not {type(tag).__name__}")
+    return out
 
 
 def _options(
@@ -203,18 +255,18 @@ def _options(
     max_attempts: int = 25,
     tags: Optional[Sequence[str]] = None,
     metadata: Optional[Mapping[str, Any]] = None,
-    run_at: Optional[_dt.datetime] = None,
+    run_at: Optional[RunAt] = None,
     unique_opts: Optional[Mapping[str, Any]] = None,
-    ordering_key: Optional[str] = None,
+    ordering_key: Optional[OrderingKey] = None,
 ) -> dict[str, Any]:
     """The insert options as JSON-ready values (the engine checks their ranges)."""
     options: dict[str, Any] = {
         "queue": queue,
         "priority": priority,
         "max_attempts": max_attempts,
-        "tags": list(tags) if tags is not None else [],
-        "run_at": _run_at_text(run_at),
-        "ordering_key": ordering_key,
+        "tags": _tags_list(tags),
+        "run_at": run_at_text(run_at),
+        "ordering_key": _ordering_key_text(ordering_key),
     }
     if metadata is not None:
         options["metadata"] = json.loads(json_text(dict(metadata), "metadata"))
@@ -239,9 +291,9 @@ def build_request(
     max_attempts: int = 25,
     tags: Optional[Sequence[str]] = None,
     metadata: Optional[Mapping[str, Any]] = None,
-    run_at: Optional[_dt.datetime] = None,
+    run_at: Optional[RunAt] = None,
     unique_opts: Optional[Mapping[str, Any]] = None,
-    ordering_key: Optional[str] = None,
+    ordering_key: Optional[OrderingKey] = None,
 ) -> str:
     """Build the JSON request for one insert or staged follow-up: the options as a small JSON
     object with the args' JSON text spliced in (the args are serialized exactly once)."""
@@ -273,10 +325,7 @@ def _plain_converter(cls: type) -> tuple[Callable[[Any], Any], Optional[str]]:
         return dict, None
 
     def reject(args: Any) -> Any:
-        raise _awa.SerializationError(
-            "args do not convert to JSON: args must be a dataclass, a Pydantic model or a dict, "
-            f"not {type(args).__name__}"
-        )
+        raise _not_args(args)
 
     return reject, None
 

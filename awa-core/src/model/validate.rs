@@ -96,6 +96,12 @@ fn check_name(field: &'static str, value: &str) -> Result<(), ValidationError> {
     check_text(field, value)
 }
 
+/// A queue name as every insert checks it (not empty, at most 200 characters, no NUL), for
+/// calls that take a queue outside an insert request (reviving a DLQ job into another queue).
+pub(crate) fn check_queue(queue: &str) -> Result<(), ValidationError> {
+    check_name("queue", queue)
+}
+
 fn check_text(field: &'static str, value: &str) -> Result<(), ValidationError> {
     let len = value.chars().count();
     if len > MAX_NAME_CHARS {

@@ -142,7 +142,6 @@ pub async fn retry<'e, E: PgExecutor<'e>>(executor: E, id: i64) -> Result<JobRow
 /// A per-queue setting stored in `awa.queue_meta` and shared by every client.
 #[derive(Debug, Clone, Copy)]
 enum QueueSetting {
-    Paused,
     DlqEnabled,
 }
 
@@ -153,7 +152,6 @@ async fn set_queue_flag<'e, E: PgExecutor<'e>>(
     value: bool,
 ) -> Result<()> {
     let column = match setting {
-        QueueSetting::Paused => "paused",
         QueueSetting::DlqEnabled => "dlq_enabled",
     };
     sqlx::query(&format!(
@@ -167,13 +165,43 @@ async fn set_queue_flag<'e, E: PgExecutor<'e>>(
     Ok(())
 }
 
-/// Pause or resume claiming from a queue (shared by every client).
+/// Pause or resume claiming from a queue (shared by every client). Resuming forgets who
+/// paused it.
 pub async fn set_queue_paused<'e, E: PgExecutor<'e>>(
     executor: E,
     queue: &str,
     paused: bool,
 ) -> Result<()> {
-    set_queue_flag(executor, queue, QueueSetting::Paused, paused).await
+    if paused {
+        return pause_queue(executor, queue, None).await;
+    }
+    sqlx::query(
+        "INSERT INTO awa.queue_meta (queue, paused) VALUES ($1, false)
+         ON CONFLICT (queue) DO UPDATE SET paused = false, paused_by = NULL, paused_at = NULL,
+             updated_at = now()",
+    )
+    .bind(queue)
+    .execute(executor)
+    .await?;
+    Ok(())
+}
+
+/// Pause claiming from a queue, recording who paused it (`paused_by`, free text) and when.
+pub async fn pause_queue<'e, E: PgExecutor<'e>>(
+    executor: E,
+    queue: &str,
+    paused_by: Option<&str>,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO awa.queue_meta (queue, paused, paused_by, paused_at) VALUES ($1, true, $2, now())
+         ON CONFLICT (queue) DO UPDATE SET paused = true, paused_by = EXCLUDED.paused_by,
+             paused_at = now(), updated_at = now()",
+    )
+    .bind(queue)
+    .bind(paused_by)
+    .execute(executor)
+    .await?;
+    Ok(())
 }
 
 /// Record whether a queue's failed jobs move to the DLQ (read by rescue on any client).
@@ -231,32 +259,72 @@ pub async fn queue_stats<'e, E: PgExecutor<'e>>(executor: E) -> Result<Vec<Queue
     Ok(out)
 }
 
-/// Retry every failed job (optionally of one kind and/or queue); returns how many.
+/// What [`retry_failed`] did: the jobs it made available again, and how many failed jobs the
+/// filter matched (`matched - jobs.len()` changed state meanwhile, e.g. were pruned).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RetriedFailed {
+    pub jobs: Vec<JobRow>,
+    pub matched: i64,
+}
+
+/// Retry the failed jobs of a kind and/or queue (every failed job only with `allow_all`).
 pub async fn retry_failed<'e, E: PgExecutor<'e>>(
     executor: E,
     kind: Option<&str>,
     queue: Option<&str>,
-) -> Result<u64> {
-    Ok(sqlx::query(
-        "UPDATE awa.jobs SET state = 'available', run_at = now(), finalized_at = NULL,
-             max_attempts = greatest(max_attempts, least(attempt + 1, 1000))
-         WHERE state = 'failed' AND ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2)",
-    )
-    .bind(kind)
-    .bind(queue)
-    .execute(executor)
-    .await?
-    .rows_affected())
+    allow_all: bool,
+) -> Result<RetriedFailed> {
+    if kind.is_none() && queue.is_none() && !allow_all {
+        return Err(AwaError::Config(
+            "retry_failed requires kind or queue (or allow_all=True)".into(),
+        ));
+    }
+    // The LEFT JOIN keeps one row (the count, no job) when nothing was updated.
+    let sql = format!(
+        "WITH matched AS (
+             SELECT id FROM awa.jobs WHERE state = 'failed'
+               AND ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2)),
+         updated AS (
+             UPDATE awa.jobs j SET state = 'available', run_at = now(), finalized_at = NULL,
+                 max_attempts = greatest(j.max_attempts, least(j.attempt + 1, 1000))
+             FROM matched m WHERE j.id = m.id AND j.state = 'failed'
+             RETURNING j.*)
+         SELECT c.matched, u.id IS NOT NULL AS has_job, {cols}
+         FROM (SELECT count(*) AS matched FROM matched) c LEFT JOIN updated u ON true
+         ORDER BY u.id",
+        cols = JOB_COLUMNS
+            .split(", ")
+            .map(|c| format!("u.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let rows = sqlx::query(&sql)
+        .bind(kind)
+        .bind(queue)
+        .fetch_all(executor)
+        .await?;
+    let mut out = RetriedFailed {
+        jobs: Vec::with_capacity(rows.len()),
+        matched: 0,
+    };
+    for row in &rows {
+        out.matched = sqlx::Row::try_get(row, "matched")?;
+        if sqlx::Row::try_get::<bool, _>(row, "has_job")? {
+            out.jobs.push(JobRow::from_row(row)?);
+        }
+    }
+    Ok(out)
 }
 
-/// Delete every failed job (optionally of one kind and/or queue); returns how many.
+/// Delete the failed jobs of `kind` (optionally only in `queue`); returns how many. The kind
+/// is required: there is no call that deletes every failed job at once.
 pub async fn discard_failed<'e, E: PgExecutor<'e>>(
     executor: E,
-    kind: Option<&str>,
+    kind: &str,
     queue: Option<&str>,
 ) -> Result<u64> {
     Ok(sqlx::query(
-        "DELETE FROM awa.jobs WHERE state = 'failed' AND ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2)",
+        "DELETE FROM awa.jobs WHERE state = 'failed' AND kind = $1 AND ($2::text IS NULL OR queue = $2)",
     )
     .bind(kind)
     .bind(queue)

@@ -238,6 +238,52 @@ const SINGLE_INSERT: &str =
         $4, $5, coalesce($6, now()), $7, $8, $9, $10, $11)
      RETURNING";
 
+/// The single-row insert for a statement another driver runs (`awa.bridge`: the application's
+/// asyncpg, psycopg, SQLAlchemy or Django connection, inside its own transaction). Every
+/// parameter is text (`$1`..`$11`, [`driver_insert_params`]' order) cast in SQL, and each
+/// appears once, so the statement works with any placeholder style (`$n`, `%(name)s`,
+/// `:name`) and any driver's parameter adaptation. The state rule and columns are those of
+/// [`SINGLE_INSERT`]; the one result column is the new row as JSON text (`id, kind, queue,
+/// args, state, priority, attempt, max_attempts, run_at, created_at, metadata, tags`), so
+/// each driver hands back the same thing whatever its type codecs.
+pub const DRIVER_INSERT: &str = "WITH r AS (
+    SELECT CAST($1 AS text) AS kind, CAST($2 AS text) AS queue,
+           CAST(CAST($3 AS text) AS jsonb) AS args, CAST(CAST($4 AS text) AS smallint) AS priority,
+           CAST(CAST($5 AS text) AS integer) AS max_attempts,
+           CAST(CAST($6 AS text) AS timestamptz) AS run_at, CAST(CAST($7 AS text) AS jsonb) AS tags,
+           CAST(CAST($8 AS text) AS jsonb) AS metadata, decode(CAST($9 AS text), 'hex') AS unique_key,
+           CAST(CAST($10 AS text) AS smallint) AS unique_states, CAST($11 AS text) AS ordering_key),
+j AS (
+    INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts, run_at, tags,
+                          metadata, unique_key, unique_states, ordering_key)
+    SELECT kind, queue, args,
+           CASE WHEN run_at IS NULL OR run_at <= now() THEN 'available' ELSE 'scheduled' END,
+           priority, max_attempts, coalesce(run_at, now()),
+           ARRAY(SELECT jsonb_array_elements_text(tags)), metadata, unique_key, unique_states,
+           ordering_key
+    FROM r
+    RETURNING id, kind, queue, args, state, priority, attempt, max_attempts, run_at, created_at,
+              metadata, tags)
+SELECT CAST(row_to_json(j) AS text) AS job FROM j";
+
+/// The eleven text parameters of [`DRIVER_INSERT`] for one validated job.
+pub fn driver_insert_params(job: &NewJob) -> Vec<Option<String>> {
+    let hex = |key: &[u8]| key.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    vec![
+        Some(job.kind.clone()),
+        Some(job.queue.clone()),
+        Some(job.args.to_string()),
+        Some(job.priority.to_string()),
+        Some(job.max_attempts.to_string()),
+        job.run_at.map(|t| t.to_rfc3339()),
+        Some(serde_json::Value::from(job.tags.clone()).to_string()),
+        Some(job.metadata.to_string()),
+        job.unique_key.as_deref().map(hex),
+        job.unique_states.map(|s| s.to_string()),
+        job.ordering_key.clone(),
+    ]
+}
+
 /// The distinct kinds of a batch, for the message of a unique conflict in it.
 pub(crate) fn kinds_summary(jobs: &[NewJob]) -> String {
     let mut kinds: Vec<&str> = jobs.iter().map(|j| j.kind.as_str()).collect();

@@ -30,6 +30,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
         include_str!("../../migrations/0004_follow_up_insert.sql"),
     ),
     (5, include_str!("../../migrations/0005_cron.sql")),
+    (6, include_str!("../../migrations/0006_admin_surface.sql")),
 ];
 
 /// Advisory lock key serializing migrations ("awa_migrate" folded into an i64).
