@@ -7,6 +7,7 @@
 //! - `client`: `NativeClient` (pool, migrate, insert, admin reads).
 //! - `transaction`: `NativeTransaction` (caller-owned transactions).
 //! - `cron`: periodic jobs (registration checks, upsert at start, schedule operations).
+//! - `start_config`: `start()`'s settings (JSON from the package) as engine configs.
 //! - `worker`: the Python worker bridge (`NativeWorker`, `NativeJobContext`).
 //! - `logging`: engine `tracing` events forwarded to Python's `logging`.
 
@@ -16,6 +17,7 @@ mod convert;
 mod cron;
 mod errors;
 mod logging;
+mod start_config;
 mod transaction;
 mod worker;
 

@@ -12,6 +12,7 @@ from . import _awa
 from ._awa import (
     AwaError,
     CallbackNotFound,
+    ConfigError,
     DatabaseError,
     JobNotFound,
     SchemaNotMigrated,
@@ -40,6 +41,7 @@ __all__ = [
     "Cancel",
     "CallbackNotFound",
     "Client",
+    "ConfigError",
     "DEFAULT_UNIQUE_STATES",
     "DatabaseError",
     "Job",
