@@ -148,6 +148,7 @@ impl ClientBuilder {
         for (name, queue) in &self.queues {
             queue.validate(name)?;
         }
+        crate::executor::pool::overflow_pool(self.config.global_max_workers, &self.queues)?;
         Ok(Client {
             inner: Arc::new(Inner {
                 pool: self.pool,
@@ -235,7 +236,7 @@ impl Client {
             self.inner.specs.clone(),
             self.inner.state.clone(),
             self.inner.url.clone(),
-        ));
+        )?);
         tracing::info!(queues = self.inner.queues.len(), "worker started");
         Ok(())
     }

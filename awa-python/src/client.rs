@@ -12,7 +12,6 @@ use awa_core::model::{UntypedOpts, UntypedRequest};
 use awa_core::storage::pool::{ConnectTarget, Db};
 use awa_core::storage::{admin, callbacks, dlq};
 use awa_core::{AwaError, JobFilter, JobRow, JobState, NewJob};
-use awa_core::{QueueConfig, RuntimeConfig};
 use pyo3::prelude::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -152,78 +151,6 @@ where
             .map_err(AwaError::from)
             .py_err()
     })
-}
-
-/// Worker settings sent by the Python package as JSON. Every number is read as a float and
-/// range-checked by name (`awa_core::executor::config::check_setting`), so a negative, huge or
-/// fractional count is a `ValidationError` naming the field, not a deserialization error.
-#[derive(serde::Deserialize)]
-struct StartConfig {
-    queues: Vec<QueueSpec>,
-    #[serde(default)]
-    intervals: std::collections::HashMap<String, f64>,
-    #[serde(default)]
-    claim_batch: Option<f64>,
-    #[serde(default)]
-    completion_batch: Option<f64>,
-}
-
-#[derive(serde::Deserialize)]
-struct QueueSpec {
-    name: String,
-    max_workers: f64,
-    #[serde(default)]
-    deadline_ms: Option<f64>,
-    #[serde(default)]
-    dlq: bool,
-}
-
-fn runtime_config(cfg: &StartConfig) -> Result<RuntimeConfig, AwaError> {
-    use awa_core::executor::config::{check_setting, setting_count, setting_millis};
-    let mut rc = RuntimeConfig::default();
-    for (key, value) in &cfg.intervals {
-        let ms = || setting_millis(key, *value);
-        match key.as_str() {
-            "poll_interval_ms" => rc.poll_interval = ms()?,
-            "heartbeat_interval_ms" => rc.heartbeat_interval = ms()?,
-            "heartbeat_staleness_ms" => rc.heartbeat_staleness = ms()?,
-            "heartbeat_rescue_interval_ms" => rc.heartbeat_rescue_interval = ms()?,
-            "deadline_rescue_interval_ms" => rc.deadline_rescue_interval = ms()?,
-            "callback_rescue_interval_ms" => rc.callback_rescue_interval = ms()?,
-            "promote_interval_ms" => rc.promote_interval = ms()?,
-            "leader_election_interval_ms" => rc.leader_election_interval = ms()?,
-            "prune_interval_ms" => rc.prune_interval = ms()?,
-            "finalize_deadline_ms" => rc.finalize_deadline = ms()?,
-            "completed_retention_hours" | "failed_retention_hours" => {
-                let hours = Duration::from_secs_f64(check_setting(key, *value)? * 3600.0);
-                if key == "completed_retention_hours" {
-                    rc.completed_retention = hours;
-                } else {
-                    rc.failed_retention = hours;
-                }
-            }
-            other => return Err(AwaError::Config(format!("unknown setting {other}"))),
-        }
-    }
-    if let Some(b) = cfg.claim_batch {
-        rc.claim_batch = setting_count("claim_batch", b)?;
-    }
-    if let Some(b) = cfg.completion_batch {
-        rc.completion_batch = setting_count("completion_batch", b)?;
-    }
-    Ok(rc)
-}
-
-/// A queue's settings, range-checked and named in the error.
-fn queue_config(q: &QueueSpec) -> Result<QueueConfig, AwaError> {
-    use awa_core::executor::config::{setting_count, setting_millis};
-    let named = |e: AwaError| AwaError::Config(format!("queue {:?}: {e}", q.name));
-    let workers = setting_count("max_workers", q.max_workers).map_err(named)?;
-    let mut qc = QueueConfig::new(workers).dlq(q.dlq);
-    if let Some(ms) = q.deadline_ms {
-        qc = qc.deadline(setting_millis("deadline_ms", ms).map_err(named)?);
-    }
-    Ok(qc)
 }
 
 /// Check one numeric setting (`start()` keywords, `shutdown(timeout_ms)`, callback
@@ -418,10 +345,8 @@ impl NativeClient {
         config_json: String,
         kinds: Vec<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let cfg: StartConfig = serde_json::from_str(&config_json)
-            .map_err(|e| AwaError::Config(e.to_string()))
-            .py_err()?;
-        let rc = runtime_config(&cfg).py_err()?;
+        let cfg = crate::start_config::parse(&config_json).py_err()?;
+        let rc = crate::start_config::runtime_config(&cfg).py_err()?;
         let (bridge, rx) = crate::worker::bridge();
         let mut builder = awa_core::Client::builder(self.pool.clone()).config(rc);
         if cfg.queues.is_empty() {
@@ -430,7 +355,10 @@ impl NativeClient {
             )));
         }
         for q in &cfg.queues {
-            builder = builder.queue(q.name.clone(), queue_config(q).py_err()?);
+            builder = builder.queue(
+                q.name.clone(),
+                crate::start_config::queue_config(q).py_err()?,
+            );
         }
         for kind in kinds {
             builder = builder.register_erased(kind, bridge.clone());

@@ -44,6 +44,13 @@ create_exception!(
 );
 create_exception!(
     awa,
+    ConfigError,
+    ValidationError,
+    "A worker setting (a `start()` keyword or queue entry) is invalid or inconsistent; also a \
+     `ValueError`, the class awa-pg raises for these."
+);
+create_exception!(
+    awa,
     TerminalError,
     AwaError,
     "Raise from a handler to fail the job without retrying."
@@ -73,7 +80,8 @@ create_exception!(awa, JobNotFound, AwaError, "No job has this id.");
 pub fn to_py(e: CoreError) -> PyErr {
     let msg = e.to_string();
     match e {
-        CoreError::Validation(_) | CoreError::Config(_) => ValidationError::new_err(msg),
+        CoreError::Validation(_) => ValidationError::new_err(msg),
+        CoreError::Config(_) => ConfigError::new_err(msg),
         CoreError::Serialization(_) => SerializationError::new_err(msg),
         CoreError::UniqueConflict { .. } => UniqueConflict::new_err(msg),
         CoreError::SchemaNotMigrated { .. } => SchemaNotMigrated::new_err(msg),
@@ -124,6 +132,17 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("UnknownJobKind", py.get_type::<UnknownJobKind>())?;
     m.add("SerializationError", py.get_type::<SerializationError>())?;
     m.add("ValidationError", py.get_type::<ValidationError>())?;
+    // Both a ValidationError and a ValueError (awa-pg raises ValueError for bad settings).
+    let config_error = py.get_type::<ConfigError>();
+    let bases = PyTuple::new(
+        py,
+        [
+            py.get_type::<ValidationError>().into_any(),
+            py.get_type::<pyo3::exceptions::PyValueError>().into_any(),
+        ],
+    )?;
+    config_error.setattr("__bases__", bases)?;
+    m.add("ConfigError", config_error)?;
     m.add("TerminalError", py.get_type::<TerminalError>())?;
     m.add("StagingError", py.get_type::<StagingError>())?;
     m.add("DatabaseError", py.get_type::<DatabaseError>())?;

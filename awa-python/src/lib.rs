@@ -8,6 +8,7 @@
 //! - `transaction`: `NativeTransaction` (caller-owned transactions).
 //! - `driver`: `awa.bridge`'s validated insert statement for the application's own driver.
 //! - `cron`: periodic jobs (registration checks, upsert at start, schedule operations).
+//! - `start_config`: `start()`'s settings (JSON from the package) as engine configs.
 //! - `worker`: the Python worker bridge (`NativeWorker`, `NativeJobContext`).
 //! - `logging`: engine `tracing` events forwarded to Python's `logging`.
 
@@ -18,6 +19,7 @@ mod cron;
 mod driver;
 mod errors;
 mod logging;
+mod start_config;
 mod transaction;
 mod worker;
 

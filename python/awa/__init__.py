@@ -12,6 +12,7 @@ from . import _awa
 from ._awa import (
     AwaError,
     CallbackNotFound,
+    ConfigError,
     DatabaseError,
     JobNotFound,
     SchemaNotMigrated,
@@ -41,6 +42,7 @@ __all__ = [
     "Cancel",
     "CallbackNotFound",
     "Client",
+    "ConfigError",
     "DEFAULT_UNIQUE_STATES",
     "DatabaseError",
     "DlqEntry",

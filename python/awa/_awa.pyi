@@ -5,7 +5,7 @@ from typing import Any, Awaitable, Optional, final
 
 __all__ = [
     "AwaError", "UniqueConflict", "SchemaNotMigrated", "UnknownJobKind", "SerializationError",
-    "ValidationError", "TerminalError", "StagingError", "DatabaseError", "CallbackNotFound",
+    "ValidationError", "ConfigError", "TerminalError", "StagingError", "DatabaseError", "CallbackNotFound",
     "JobNotFound", "NativeClient", "NativeTransaction", "NativeWorker", "NativeJobContext",
     "NativeTestRun", "set_log_level", "stage_check", "check_setting", "quiesce",
     "driver_insert", "driver_error",
@@ -40,6 +40,9 @@ class ValidationError(AwaError, ValueError):
     """A request or setting broke a rule: integers beyond 64 bits, NaN/infinite floats,
     nesting past MAX_JSON_DEPTH, out-of-range intervals; the message names the path or field
     and the limit."""
+
+class ConfigError(ValidationError, ValueError):
+    """A worker setting (a ``start()`` keyword or queue entry) is invalid or inconsistent."""
 
 class TerminalError(AwaError): ...
 class StagingError(TerminalError): ...

@@ -19,6 +19,7 @@ from ._dump import dump_job_text, dump_run_text
 from ._job import Job, job_from_json, jobs_from_json
 from ._results import DlqEntry, RetryFailedResult, dlq_entry_from_dict, retry_failed_result_from_dict
 from ._worker import Pump, TaskSpec
+from ._worker_config import start_config
 
 __all__ = ["AsyncClient", "Client", "Transaction", "SyncTransaction"]
 
@@ -377,66 +378,68 @@ class AsyncClient:
         queues: Optional[Sequence[Any]] = None,
         *,
         poll_interval_ms: float = 200,
-        heartbeat_interval_ms: Optional[float] = None,
-        heartbeat_staleness_ms: Optional[float] = None,
-        heartbeat_rescue_interval_ms: Optional[float] = None,
-        deadline_rescue_interval_ms: Optional[float] = None,
-        callback_rescue_interval_ms: Optional[float] = None,
-        promote_interval_ms: Optional[float] = None,
-        leader_election_interval_ms: Optional[float] = None,
-        prune_interval_ms: Optional[float] = None,
-        finalize_deadline_ms: Optional[float] = None,
+        global_max_workers: Optional[int] = None,
         completed_retention_hours: Optional[float] = None,
         failed_retention_hours: Optional[float] = None,
+        descriptor_retention_days: Optional[float] = None,
+        cleanup_batch_size: Optional[int] = None,
+        leader_election_interval_ms: Optional[float] = None,
+        heartbeat_interval_ms: Optional[float] = None,
+        promote_interval_ms: Optional[float] = None,
+        heartbeat_rescue_interval_ms: Optional[float] = None,
+        heartbeat_staleness_ms: Optional[float] = None,
+        deadline_rescue_interval_ms: Optional[float] = None,
+        callback_rescue_interval_ms: Optional[float] = None,
+        terminal_count_rollup_interval_ms: Optional[float] = None,
+        prune_interval_ms: Optional[float] = None,
+        finalize_deadline_ms: Optional[float] = None,
         claim_batch: Optional[int] = None,
         completion_batch: Optional[int] = None,
     ) -> None:
-        """Start working ``queues``: ``[("name", max_workers), ...]`` or dicts with ``name``,
-        ``max_workers`` and optional ``deadline_ms`` and ``dlq``. Handlers run on this loop.
+        """Start working ``queues``; handlers run on this loop. See docs/workers.md.
 
-        Every interval, deadline and retention keyword is checked before the worker starts:
-        ``awa.ValidationError`` names the keyword and its range for NaN, infinite, negative
-        or out-of-range values (intervals and deadlines 1 ms to 30 days, retention 0 to
-        87,600 hours, ``max_workers`` and batch sizes whole numbers 1 to 10,000)."""
+        ``queues`` is a list of ``("name", max_workers)`` tuples or dicts with ``name`` and
+        either ``max_workers`` (hard-reserved) or, with ``global_max_workers``, ``min_workers``
+        and ``weight`` (a guaranteed minimum plus a weighted share of the global pool), and
+        optionally ``rate_limit=(max_rate, burst)``, ``claimers``, ``claim_batch_size``,
+        ``deadline_duration_ms`` (or ``deadline_ms``), ``priority_aging_interval_ms`` and
+        ``dlq``. ``None`` works every queue a ``@task`` uses with 10 workers each.
+
+        Everything is checked before the worker starts: an unknown queue key, a missing or
+        contradictory mode, or a ``@task`` queue the list leaves out raises ``awa.ConfigError``
+        (a ``ValidationError`` and a ``ValueError``); a queue entry or ``rate_limit`` of the
+        wrong shape raises ``TypeError``; a number out of range raises ``awa.ConfigError``
+        naming the field and its range. ``descriptor_retention_days`` and
+        ``terminal_count_rollup_interval_ms`` are checked and have no effect (Awa keeps no
+        descriptor catalog, and terminal counters belong to queue storage)."""
         if self._pump is not None:
-            raise _awa.AwaError("the worker is already started")
+            raise _awa.AwaError("worker runtime is already running")
         if not self._tasks:
-            raise _awa.ValidationError("register at least one handler with @client.task(...) before start()")
-        if queues is None:
-            queues = sorted({(spec.queue, 10) for spec in self._tasks.values()})
-        parsed = []
-        for q in queues:
-            if isinstance(q, Mapping):
-                spec = dict(q)
-            else:
-                name, workers = q
-                spec = {"name": name, "max_workers": workers}
-            for key in ("max_workers", "deadline_ms"):
-                if spec.get(key) is not None:
-                    spec[key] = _queue_setting(spec.get("name"), key, spec[key])
-            parsed.append(spec)
-        intervals = {
-            k: checked_setting(k, v) for k, v in {
+            raise _awa.ConfigError("register at least one worker before starting the runtime")
+        config = start_config(
+            queues,
+            [spec.queue for spec in self._tasks.values()],
+            {
                 "poll_interval_ms": poll_interval_ms,
-                "heartbeat_interval_ms": heartbeat_interval_ms,
-                "heartbeat_staleness_ms": heartbeat_staleness_ms,
-                "heartbeat_rescue_interval_ms": heartbeat_rescue_interval_ms,
-                "deadline_rescue_interval_ms": deadline_rescue_interval_ms,
-                "callback_rescue_interval_ms": callback_rescue_interval_ms,
-                "promote_interval_ms": promote_interval_ms,
-                "leader_election_interval_ms": leader_election_interval_ms,
-                "prune_interval_ms": prune_interval_ms,
-                "finalize_deadline_ms": finalize_deadline_ms,
+                "global_max_workers": global_max_workers,
                 "completed_retention_hours": completed_retention_hours,
                 "failed_retention_hours": failed_retention_hours,
-            }.items() if v is not None
-        }
-        batches = {
-            k: checked_setting(k, v)
-            for k, v in {"claim_batch": claim_batch, "completion_batch": completion_batch}.items()
-            if v is not None
-        }
-        config = {"queues": parsed, "intervals": intervals, **batches}
+                "descriptor_retention_days": descriptor_retention_days,
+                "cleanup_batch_size": cleanup_batch_size,
+                "leader_election_interval_ms": leader_election_interval_ms,
+                "heartbeat_interval_ms": heartbeat_interval_ms,
+                "promote_interval_ms": promote_interval_ms,
+                "heartbeat_rescue_interval_ms": heartbeat_rescue_interval_ms,
+                "heartbeat_staleness_ms": heartbeat_staleness_ms,
+                "deadline_rescue_interval_ms": deadline_rescue_interval_ms,
+                "callback_rescue_interval_ms": callback_rescue_interval_ms,
+                "terminal_count_rollup_interval_ms": terminal_count_rollup_interval_ms,
+                "prune_interval_ms": prune_interval_ms,
+                "finalize_deadline_ms": finalize_deadline_ms,
+                "claim_batch": claim_batch,
+                "completion_batch": completion_batch,
+            },
+        )
         _awa.set_log_level(max(logging.getLogger("awa").getEffectiveLevel(), 10))
         await _cron.upsert(self._native, self._periodic)
         native_worker = await self._native.start(json.dumps(config), list(self._tasks))
@@ -731,13 +734,6 @@ class AsyncClient:
 
     async def close(self) -> None:
         await self._native.close()
-
-
-def _queue_setting(queue: Any, key: str, value: Any) -> float:
-    try:
-        return checked_setting(key, value)
-    except _awa.ValidationError as exc:
-        raise _awa.ValidationError(f"queue {queue!r}: {exc}") from None
 
 
 class _LoopThread:

@@ -22,10 +22,10 @@
 //! Idle queues are untouched: with no backlog a dispatcher claims exactly its free slots, at
 //! once, which is what keeps pickup latency low.
 
+use crate::executor::pool::Permit;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 /// How far ahead the buffer reaches: it holds what the handlers should start within this.
@@ -81,13 +81,13 @@ pub(crate) struct Pace {
 
 /// A worker slot held by one running attempt. Releasing it records how long it was held.
 pub(crate) struct Slot {
-    _permit: OwnedSemaphorePermit,
+    _permit: Permit,
     pace: Arc<Pace>,
     since: Instant,
 }
 
 impl Slot {
-    pub(crate) fn new(permit: OwnedSemaphorePermit, pace: Arc<Pace>) -> Self {
+    pub(crate) fn new(permit: Permit, pace: Arc<Pace>) -> Self {
         Slot {
             _permit: permit,
             pace,

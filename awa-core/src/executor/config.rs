@@ -12,15 +12,67 @@ pub struct QueueConfig {
     pub deadline: Duration,
     /// Move failed jobs to the dead-letter queue.
     pub dlq: bool,
+    /// Weighted mode (see `executor::pool`): `Some(weight)` makes `max_workers` the queue's
+    /// guaranteed minimum (`min_workers`, may be 0) and lets it take slots of the client's
+    /// global pool (`RuntimeConfig::global_max_workers`) in proportion to `weight`.
+    pub weight: Option<u32>,
+    /// Claim at most `burst + max_rate × t` jobs in any `t` (see `executor::rate_limit`).
+    pub rate_limit: Option<RateLimit>,
+    /// Claim statements of this queue that may be in flight at once (sharing its slots).
+    pub claimers: usize,
+    /// Most jobs one claim statement takes; `None`: `RuntimeConfig::claim_batch`.
+    pub claim_batch: Option<usize>,
+    /// Priority aging: claims order a job as if its priority were one better (down to 1) for
+    /// every interval it has been due, so old low-priority jobs are not starved.
+    pub priority_aging: Option<Duration>,
+}
+
+/// A queue's claim rate limit: a token bucket of `burst` tokens refilled at `max_rate` per
+/// second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    pub max_rate: f64,
+    pub burst: u32,
 }
 
 impl QueueConfig {
+    /// A hard-reserved queue: `max_workers` slots of its own.
     pub fn new(max_workers: usize) -> Self {
         QueueConfig {
             max_workers: max_workers.max(1),
             deadline: Duration::from_secs(30 * 60),
             dlq: false,
+            weight: None,
+            rate_limit: None,
+            claimers: 1,
+            claim_batch: None,
+            priority_aging: None,
         }
+    }
+    /// A weighted queue: `min_workers` slots of its own, and a `weight`ed share of the global
+    /// pool (needs `RuntimeConfig::global_max_workers`).
+    pub fn weighted(min_workers: usize, weight: u32) -> Self {
+        QueueConfig {
+            max_workers: min_workers,
+            weight: Some(weight),
+            ..QueueConfig::new(1)
+        }
+    }
+    pub fn rate_limit(mut self, max_rate: f64, burst: u32) -> Self {
+        self.rate_limit = Some(RateLimit { max_rate, burst });
+        self
+    }
+    pub fn claimers(mut self, claimers: usize) -> Self {
+        self.claimers = claimers;
+        self
+    }
+    pub fn claim_batch(mut self, n: usize) -> Self {
+        self.claim_batch = Some(n);
+        self
+    }
+    pub fn priority_aging(mut self, interval: Duration) -> Self {
+        self.priority_aging = Some(interval);
+        self
     }
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
@@ -54,8 +106,13 @@ pub struct RuntimeConfig {
     pub prune_interval: Duration,
     pub completed_retention: Duration,
     pub failed_retention: Duration,
+    /// Most finished rows one retention pass deletes (`cleanup_batch_size`).
+    pub cleanup_batch: usize,
     /// Most jobs one claim statement takes.
     pub claim_batch: usize,
+    /// Handlers this client runs at once over all queues; needed by weighted queues, whose
+    /// shared pool is what is left of it after every queue's own slots (`executor::pool`).
+    pub global_max_workers: Option<usize>,
     /// Most completions one batched statement applies.
     pub completion_batch: usize,
     /// Per-job finalizations running at once.
@@ -88,7 +145,9 @@ impl Default for RuntimeConfig {
             prune_interval: Duration::from_secs(60),
             completed_retention: Duration::from_secs(24 * 3600),
             failed_retention: Duration::from_secs(72 * 3600),
+            cleanup_batch: 10_000,
             claim_batch: 64,
+            global_max_workers: None,
             completion_batch: 512,
             finalizer_concurrency: 16,
             finalize_deadline: Duration::from_secs(30),
@@ -118,6 +177,8 @@ pub const MAX_RETENTION_HOURS: f64 = 10.0 * 365.0 * 24.0;
 pub const MAX_CALLBACK_TIMEOUT_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
 /// Most workers per queue, jobs per claim or completion batch, and pool connections.
 pub const MAX_COUNT: f64 = 10_000.0;
+/// Most claim statements one queue may have in flight at once.
+pub const MAX_CLAIMERS: f64 = 64.0;
 
 const INTERVAL: SettingRange = SettingRange {
     min: 1.0,
@@ -139,7 +200,10 @@ pub fn setting_range(field: &str) -> Option<SettingRange> {
         | "leader_election_interval_ms"
         | "prune_interval_ms"
         | "finalize_deadline_ms"
-        | "deadline_ms" => INTERVAL,
+        | "deadline_ms"
+        | "deadline_duration_ms"
+        | "priority_aging_interval_ms"
+        | "terminal_count_rollup_interval_ms" => INTERVAL,
         // 0 stops at once, cancelling running handlers.
         "timeout_ms" => SettingRange {
             min: 0.0,
@@ -157,11 +221,45 @@ pub fn setting_range(field: &str) -> Option<SettingRange> {
             unit: "seconds",
             integral: false,
         },
-        "max_workers" | "claim_batch" | "completion_batch" | "max_connections" => SettingRange {
-            min: 1.0,
+        "max_workers" | "claim_batch" | "completion_batch" | "max_connections"
+        | "global_max_workers" | "weight" | "claim_batch_size" | "rate_limit.burst" => {
+            SettingRange {
+                min: 1.0,
+                max: MAX_COUNT,
+                unit: "",
+                integral: true,
+            }
+        }
+        "min_workers" => SettingRange {
+            min: 0.0,
             max: MAX_COUNT,
             unit: "",
             integral: true,
+        },
+        "claimers" => SettingRange {
+            min: 1.0,
+            max: MAX_CLAIMERS,
+            unit: "",
+            integral: true,
+        },
+        "cleanup_batch_size" => SettingRange {
+            min: 1.0,
+            max: 1_000_000.0,
+            unit: "",
+            integral: true,
+        },
+        "rate_limit.max_rate" => SettingRange {
+            min: 0.001,
+            max: 1_000_000.0,
+            unit: "jobs per second",
+            integral: false,
+        },
+        // 0 disables descriptor retention in awa-pg; Awa keeps no descriptor catalog.
+        "descriptor_retention_days" => SettingRange {
+            min: 0.0,
+            max: MAX_RETENTION_HOURS / 24.0,
+            unit: "days",
+            integral: false,
         },
         _ => return None,
     })
@@ -236,8 +334,12 @@ impl RuntimeConfig {
         for (field, n) in [
             ("claim_batch", self.claim_batch),
             ("completion_batch", self.completion_batch),
+            ("cleanup_batch_size", self.cleanup_batch),
         ] {
             check_setting(field, n as f64)?;
+        }
+        if let Some(n) = self.global_max_workers {
+            check_setting("global_max_workers", n as f64)?;
         }
         if self.finalizer_concurrency == 0 {
             return Err(AwaError::Config(
@@ -252,8 +354,24 @@ impl QueueConfig {
     /// Refuse a deadline or worker count that would panic or stall the runtime.
     pub fn validate(&self, queue: &str) -> Result<(), AwaError> {
         let named = |e: AwaError| AwaError::Config(format!("queue {queue:?}: {e}"));
-        check_setting("max_workers", self.max_workers as f64).map_err(named)?;
+        match self.weight {
+            None => check_setting("max_workers", self.max_workers as f64),
+            Some(w) => check_setting("min_workers", self.max_workers as f64)
+                .and_then(|_| check_setting("weight", f64::from(w))),
+        }
+        .map_err(named)?;
         check_setting("deadline_ms", self.deadline.as_secs_f64() * 1000.0).map_err(named)?;
+        check_setting("claimers", self.claimers as f64).map_err(named)?;
+        if let Some(n) = self.claim_batch {
+            check_setting("claim_batch_size", n as f64).map_err(named)?;
+        }
+        if let Some(d) = self.priority_aging {
+            check_setting("priority_aging_interval_ms", d.as_secs_f64() * 1000.0).map_err(named)?;
+        }
+        if let Some(r) = self.rate_limit {
+            check_setting("rate_limit.max_rate", r.max_rate).map_err(named)?;
+            check_setting("rate_limit.burst", f64::from(r.burst)).map_err(named)?;
+        }
         Ok(())
     }
 }

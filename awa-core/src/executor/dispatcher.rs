@@ -6,23 +6,36 @@
 //! the buffer as slots free, so a claim's round trip no longer leaves every slot idle. On
 //! shutdown the jobs still in the buffer go back to the queue in one lease-guarded statement.
 //!
+//! A queue's slots are its own semaphore, plus, for a weighted queue, slots of the client's
+//! overflow pool (see [`pool`]), which it asks for only while it has work and no free slot.
+//! A rate-limited queue never claims more jobs than its token bucket holds (see
+//! [`rate_limit`]). Weighted and rate-limited queues claim exactly for the slots they hold
+//! (no claim-ahead), so their slot accounting and claim counts are exact. With `claimers > 1`
+//! up to that many claim statements are in flight at once, each sized from the slots not
+//! already promised to the others.
+//!
 //! [`claim_ahead`]: crate::executor::claim_ahead
+//! [`pool`]: crate::executor::pool
+//! [`rate_limit`]: crate::executor::rate_limit
 
 use crate::error::Result;
 use crate::executor::claim_ahead::{self, Pace, Plan, Slot, View};
 use crate::executor::config::QueueConfig;
+use crate::executor::pool::{Permit, SharedPool};
+use crate::executor::rate_limit::TokenBucket;
 use crate::executor::runner::{run_job, Claimed, CANCELLED_BEFORE_START};
 use crate::executor::runtime::Shared;
 use crate::finalizer::{Finalization, Transition};
 use crate::follow_ups::SealedFollowUps;
 use crate::metrics;
 use crate::model::JobRow;
-use crate::storage::claim::{claim_batch, release_claimed, Release};
+use crate::storage::claim::{claim_batch_aged, release_claimed, Release};
 use futures_util::future::BoxFuture;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
 /// Longest the release of unstarted jobs may take; after it they are left to rescue.
@@ -36,9 +49,9 @@ pub(crate) async fn dispatch(shared: Arc<Shared>, queue: String) {
     Dispatcher::new(shared, queue, qc).run().await;
 }
 
-/// A claim statement in flight.
-struct PendingClaim {
-    result: BoxFuture<'static, Result<Vec<JobRow>>>,
+/// A claim statement's outcome, with what was asked and when.
+struct ClaimDone {
+    result: Result<Vec<JobRow>>,
     wanted: usize,
     sent: Instant,
 }
@@ -46,8 +59,8 @@ struct PendingClaim {
 /// What woke the loop.
 enum Event {
     Stop,
-    Claimed(Result<Vec<JobRow>>),
-    SlotFreed(OwnedSemaphorePermit),
+    Claimed(ClaimDone),
+    SlotFreed(Permit),
     /// A notification for the queue while it was idle.
     Woken,
     /// The poll interval, the end of a back-off, coalescing or a buffered job's
@@ -60,8 +73,8 @@ struct Dispatcher {
     queue: String,
     qc: QueueConfig,
     slots: Arc<Semaphore>,
-    /// Free slots, taken out of the semaphore; each starts one job.
-    free: Vec<OwnedSemaphorePermit>,
+    /// Free slots, taken out of the semaphore (or the overflow pool); each starts one job.
+    free: Vec<Permit>,
     /// Claimed jobs waiting for a slot, oldest first (empty whenever `free` is not).
     buffer: VecDeque<Claimed>,
     pace: Arc<Pace>,
@@ -80,12 +93,30 @@ struct Dispatcher {
     backoff_until: Option<Instant>,
     /// Since when the dispatcher has been waiting for a fuller claim.
     coalescing_since: Option<Instant>,
-    claim: Option<PendingClaim>,
+    /// Claim statements in flight (at most `qc.claimers`), and the jobs they asked for.
+    claims: FuturesUnordered<BoxFuture<'static, ClaimDone>>,
+    reserved: usize,
+    /// The weighted queue's overflow pool and its index there.
+    overflow: Option<(Arc<SharedPool>, usize)>,
+    /// Whether this queue told the pool it has work.
+    demanding: bool,
+    bucket: Option<TokenBucket>,
+    /// The rate limit left no whole token: no claim before this.
+    tokens_at: Option<Instant>,
+    /// Claim exactly for the slots held (weighted or rate-limited queues).
+    exact: bool,
 }
 
 impl Dispatcher {
     fn new(shared: Arc<Shared>, queue: String, qc: QueueConfig) -> Self {
         let forced = crate::seams::forced_claim_ahead(&queue);
+        let overflow = shared
+            .overflow
+            .as_ref()
+            .and_then(|p| p.index(&queue).map(|i| (p.clone(), i)));
+        let bucket = qc
+            .rate_limit
+            .map(|r| TokenBucket::new(r.max_rate, r.burst, Instant::now()));
         Dispatcher {
             slots: Arc::new(Semaphore::new(qc.max_workers)),
             free: Vec::with_capacity(qc.max_workers),
@@ -99,7 +130,13 @@ impl Dispatcher {
             idle_until: None,
             backoff_until: None,
             coalescing_since: None,
-            claim: None,
+            claims: FuturesUnordered::new(),
+            reserved: 0,
+            exact: overflow.is_some() || bucket.is_some(),
+            overflow,
+            demanding: false,
+            bucket,
+            tokens_at: None,
             shared,
             queue,
             qc,
@@ -116,11 +153,7 @@ impl Dispatcher {
             self.decide();
             match self.next_event().await {
                 Event::Stop => break,
-                Event::Claimed(result) => {
-                    if let Some(claim) = self.claim.take() {
-                        self.claimed(claim.wanted, claim.sent, result);
-                    }
-                }
+                Event::Claimed(done) => self.claimed(done),
                 Event::SlotFreed(permit) => {
                     self.free.push(permit);
                     self.suspended = false;
@@ -140,32 +173,105 @@ impl Dispatcher {
         if self.backoff_until.is_some_and(|t| t <= now) {
             self.backoff_until = None;
         }
+        if self.tokens_at.is_some_and(|t| t <= now) {
+            self.tokens_at = None;
+        }
+    }
+
+    /// A weighted queue has work (or is finding out whether it has) unless its last claim
+    /// came back short and it waits for a wake-up or the poll, backs off after an error, or
+    /// stops (see `executor::pool`). Holding free slots does not change it, so it is stable
+    /// while the queue is saturated.
+    fn update_demand(&mut self) {
+        let Some((pool, i)) = &self.overflow else {
+            return;
+        };
+        let demanding = self.idle_until.is_none()
+            && self.backoff_until.is_none()
+            && !self.shared.stop_claiming.is_cancelled();
+        if demanding != self.demanding {
+            self.demanding = demanding;
+            pool.set_demand(*i, demanding);
+        }
+        if !demanding {
+            // No work known: hold no overflow slot a job does not need.
+            self.return_overflow();
+        }
+    }
+
+    /// Ask the overflow pool for a slot: a weighted queue with work, nothing free and nothing
+    /// waiting, and a claim statement to spare.
+    fn wants_overflow(&self) -> bool {
+        self.overflow.is_some()
+            && self.demanding
+            && self.free.is_empty()
+            && self.buffer.is_empty()
+            && self.claims.len() < self.qc.claimers
+            && self.tokens_at.is_none()
+    }
+
+    /// Give back the overflow slots this queue holds beyond the jobs waiting for a slot and
+    /// those the claims in flight may bring.
+    fn return_overflow(&mut self) {
+        if self.overflow.is_none() {
+            return;
+        }
+        let needed = self.buffer.len() + self.reserved;
+        let mut spare = self.free.len().saturating_sub(needed);
+        self.free.retain(|p| {
+            if spare > 0 && !p.is_local() {
+                spare -= 1;
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// A free slot, the queue's own first (so overflow slots are the ones left to give back).
+    fn take_permit(&mut self) -> Option<Permit> {
+        match self.free.iter().position(Permit::is_local) {
+            Some(i) => Some(self.free.swap_remove(i)),
+            None => self.free.pop(),
+        }
     }
 
     async fn next_event(&mut self) -> Event {
         let coalesce = self.coalescing_since.map(|t| t + claim_ahead::COALESCE);
         let expiry = self.buffer.front().map(|c| c.claimed_at + self.max_wait);
-        let timer = [self.idle_until, self.backoff_until, coalesce, expiry]
-            .into_iter()
-            .flatten()
-            .min();
+        let timer = [
+            self.idle_until,
+            self.backoff_until,
+            coalesce,
+            expiry,
+            self.tokens_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let idle = self.idle_until.is_some();
-        // Disjoint borrows: the claim is polled in place while the other branches wait.
-        let (claim, stop, wake) = (&mut self.claim, &self.shared.stop_claiming, &self.wake);
+        let overflow = if self.wants_overflow() {
+            self.overflow.clone()
+        } else {
+            None
+        };
+        // Disjoint borrows: the claims are polled in place while the other branches wait.
+        let (claims, stop, wake) = (&mut self.claims, &self.shared.stop_claiming, &self.wake);
         let slots = self.slots.clone();
         let event = tokio::select! {
             biased;
             _ = stop.cancelled() => Event::Stop,
-            r = async {
-                match claim.as_mut() {
-                    Some(c) => (&mut c.result).await,
-                    None => std::future::pending().await,
-                }
-            } => Event::Claimed(r),
+            Some(done) = claims.next(), if !claims.is_empty() => Event::Claimed(done),
             p = slots.acquire_owned() => match p {
-                Ok(p) => Event::SlotFreed(p),
+                Ok(p) => Event::SlotFreed(Permit::Local(p)),
                 Err(_) => Event::Stop,
             },
+            p = async {
+                match &overflow {
+                    Some((pool, i)) => pool.acquire(*i).await,
+                    None => std::future::pending().await,
+                }
+            } => Event::SlotFreed(Permit::Shared(p)),
             _ = wake.notified(), if idle => Event::Woken,
             _ = async {
                 match timer {
@@ -183,40 +289,89 @@ impl Dispatcher {
     /// Hand free slots to buffered jobs.
     fn start_buffered(&mut self) {
         while let Ok(p) = self.slots.clone().try_acquire_owned() {
-            self.free.push(p);
+            self.free.push(Permit::Local(p));
             self.suspended = false;
         }
         while !self.buffer.is_empty() && !self.free.is_empty() {
-            if let (Some(claimed), Some(permit)) = (self.buffer.pop_front(), self.free.pop()) {
-                self.start(claimed, permit);
+            if let Some(permit) = self.take_permit() {
+                if let Some(claimed) = self.buffer.pop_front() {
+                    self.start(claimed, permit);
+                }
+            }
+        }
+        // A weighted queue with work takes as many overflow slots as the pool gives it now
+        // (up to a full claim), so one claim serves them all.
+        self.update_demand();
+        if let Some((pool, i)) = self.overflow.clone() {
+            if self.demanding
+                && self.buffer.is_empty()
+                && self.tokens_at.is_none()
+                && self.claims.len() < self.qc.claimers
+            {
+                let limit = self.claim_max();
+                while self.free.len() < limit {
+                    match pool.try_acquire(i) {
+                        Some(p) => self.free.push(Permit::Shared(p)),
+                        None => break,
+                    }
+                }
             }
         }
     }
 
-    fn start(&self, claimed: Claimed, permit: OwnedSemaphorePermit) {
+    fn claim_max(&self) -> usize {
+        self.qc
+            .claim_batch
+            .unwrap_or(self.shared.config.claim_batch)
+            .max(1)
+    }
+
+    fn start(&self, claimed: Claimed, permit: Permit) {
         self.shared.inflight.handler_started();
         let slot = Slot::new(permit, self.pace.clone());
         tokio::spawn(run_job(self.shared.clone(), self.qc.clone(), claimed, slot));
     }
 
-    /// Start a claim if the plan says so.
+    /// Start claims while the plan says so and a claim statement is to spare.
     fn decide(&mut self) {
-        if self.claim.is_some()
-            || self.idle_until.is_some()
+        self.update_demand();
+        while self.claims.len() < self.qc.claimers.max(1) {
+            if !self.decide_one() {
+                break;
+            }
+        }
+        if self.tokens_at.is_some() {
+            // Waiting for tokens: hold no overflow slot no claim can use meanwhile.
+            self.return_overflow();
+        }
+        self.update_demand();
+    }
+
+    /// Start one claim if the plan says so; whether one was started.
+    fn decide_one(&mut self) -> bool {
+        if self.idle_until.is_some()
             || self.backoff_until.is_some()
+            || self.tokens_at.is_some()
             || self.shared.stop_claiming.is_cancelled()
         {
-            return;
+            return false;
         }
         let now = Instant::now();
+        // Slots promised to the claims in flight are not free; beyond the free slots they
+        // count as jobs already waiting.
+        let free = self.free.len();
+        let max_workers = match &self.overflow {
+            Some((pool, _)) => self.qc.max_workers + pool.capacity(),
+            None => self.qc.max_workers,
+        };
         let view = View {
-            max_workers: self.qc.max_workers,
-            claim_max: self.shared.config.claim_batch.max(1),
-            free: self.free.len(),
-            buffered: self.buffer.len(),
+            max_workers: max_workers.max(1),
+            claim_max: self.claim_max(),
+            free: free.saturating_sub(self.reserved),
+            buffered: self.buffer.len() + self.reserved.saturating_sub(free),
             backlog: self.backlog,
-            suspended: self.suspended,
-            forced: self.forced,
+            suspended: self.suspended || self.exact,
+            forced: self.forced && !self.exact,
             coalesced: self
                 .coalescing_since
                 .is_some_and(|t| now >= t + claim_ahead::COALESCE),
@@ -224,29 +379,57 @@ impl Dispatcher {
             claim_time: self.pace.claim.get(),
         };
         match claim_ahead::plan(&view) {
-            Plan::Claim(n) => {
+            Plan::Claim(mut n) => {
+                if let Some(bucket) = self.bucket.as_mut() {
+                    let tokens = bucket.available(now);
+                    if tokens == 0 {
+                        self.tokens_at = Some(bucket.next_token_at(now));
+                        return false;
+                    }
+                    n = n.min(tokens);
+                    bucket.take(n, now);
+                }
                 self.coalescing_since = None;
-                let (pool, queue, deadline) = (
+                let (pool, queue, deadline, aging) = (
                     self.shared.pool.clone(),
                     self.queue.clone(),
                     self.qc.deadline,
+                    self.qc.priority_aging,
                 );
-                self.claim = Some(PendingClaim {
-                    result: Box::pin(async move {
-                        claim_batch(&pool, &queue, n as i64, deadline).await
-                    }),
-                    wanted: n,
-                    sent: now,
-                });
+                self.reserved += n;
+                self.claims.push(Box::pin(async move {
+                    let result = claim_batch_aged(&pool, &queue, n as i64, deadline, aging).await;
+                    ClaimDone {
+                        result,
+                        wanted: n,
+                        sent: now,
+                    }
+                }));
+                true
             }
             Plan::Coalesce => {
                 self.coalescing_since.get_or_insert(now);
+                false
             }
-            Plan::Wait => self.coalescing_since = None,
+            Plan::Wait => {
+                self.coalescing_since = None;
+                false
+            }
         }
     }
 
-    fn claimed(&mut self, wanted: usize, sent: Instant, result: Result<Vec<JobRow>>) {
+    fn claimed(&mut self, done: ClaimDone) {
+        let ClaimDone {
+            result,
+            wanted,
+            sent,
+        } = done;
+
+        self.reserved = self.reserved.saturating_sub(wanted);
+        let got = result.as_ref().map_or(0, Vec::len);
+        if let Some(bucket) = self.bucket.as_mut() {
+            bucket.refund(wanted.saturating_sub(got));
+        }
         let jobs = match result {
             Ok(jobs) => jobs,
             Err(e) => {
@@ -255,6 +438,7 @@ impl Dispatcher {
                 self.backoff_until = Some(
                     Instant::now() + self.shared.config.poll_interval.max(Duration::from_secs(1)),
                 );
+                self.return_overflow();
                 return;
             }
         };
@@ -266,6 +450,9 @@ impl Dispatcher {
             self.idle_until = Some(Instant::now() + self.shared.config.poll_interval);
         }
         if n == 0 {
+            if self.claims.is_empty() {
+                self.return_overflow();
+            }
             return;
         }
         metrics::add(&metrics::JOBS_CLAIMED, n as u64);
@@ -279,6 +466,9 @@ impl Dispatcher {
         for job in jobs {
             let claimed = Claimed::register(&self.shared.inflight, job, sent);
             self.buffer.push_back(claimed);
+        }
+        if n < wanted && self.claims.is_empty() {
+            self.return_overflow();
         }
     }
 
@@ -305,12 +495,12 @@ impl Dispatcher {
     /// Shutdown: take the jobs of a claim in flight (it may commit whatever we do), then give
     /// every unstarted job back to the queue rather than leave it `running` until rescue.
     async fn stop(mut self) {
-        if let Some(mut claim) = self.claim.take() {
-            let result = (&mut claim.result).await;
-            self.claimed(claim.wanted, claim.sent, result);
+        while let Some(done) = self.claims.next().await {
+            self.claimed(done);
         }
         let unstarted: Vec<Claimed> = self.buffer.drain(..).collect();
         self.release(unstarted).await;
+        self.update_demand();
     }
 
     /// Give unstarted jobs back in one lease-guarded statement. A job with a cancel request is
@@ -379,7 +569,11 @@ impl Dispatcher {
     /// Run a job that could not be released once a slot frees (its own task, so shutdown does
     /// not wait on the dispatcher; it waits on the handler like any other, and abandons it
     /// with the rest when the shutdown window closes).
-    fn run_when_free(&self, claimed: Claimed) {
+    fn run_when_free(&mut self, claimed: Claimed) {
+        if let Some(permit) = self.take_permit() {
+            self.start(claimed, permit);
+            return;
+        }
         let (shared, qc, slots, pace) = (
             self.shared.clone(),
             self.qc.clone(),
@@ -393,7 +587,7 @@ impl Dispatcher {
                 _ = shared.abandon.cancelled() => None,
             };
             match permit {
-                Some(p) => run_job(shared, qc, claimed, Slot::new(p, pace)).await,
+                Some(p) => run_job(shared, qc, claimed, Slot::new(Permit::Local(p), pace)).await,
                 None => {
                     metrics::add(&metrics::JOBS_ABANDONED, 1);
                     shared.inflight.handler_done();

@@ -14,6 +14,8 @@
 //! [`Finalization`]: crate::finalizer::Finalization
 //! - `listener`: LISTEN for wake-ups, cancel requests and callback resolutions.
 //! - `heartbeat`, `inflight`, `callbacks`: bookkeeping for running attempts.
+//! - `pool`: worker slots, and the global pool weighted queues share; `rate_limit`: a
+//!   queue's claim token bucket.
 //! - `runtime`: shared state, start and graceful shutdown.
 
 pub mod callbacks;
@@ -24,6 +26,8 @@ pub(crate) mod dispatcher;
 pub(crate) mod heartbeat;
 pub(crate) mod inflight;
 pub(crate) mod listener;
+pub(crate) mod pool;
+pub(crate) mod rate_limit;
 pub mod result;
 pub mod runner;
 pub(crate) mod runtime;

@@ -1,8 +1,10 @@
 //! The running client: what its tasks share, starting them, and graceful shutdown.
 
+use crate::error::AwaError;
 use crate::executor::config::{QueueConfig, RuntimeConfig};
 use crate::executor::context::{CancelSignal, StateMap};
 use crate::executor::inflight::InflightSet;
+use crate::executor::pool::SharedPool;
 use crate::executor::{callbacks::CallbackWaiters, dispatcher, heartbeat, listener, ErasedHandler};
 use crate::finalizer::completer::{Completer, CompleterSettings, Settled};
 use crate::finalizer::waker::Waker;
@@ -39,6 +41,8 @@ pub(crate) struct Shared {
     /// Post-commit wake-ups of per-job finalizations, coalesced.
     pub waker: Arc<Waker>,
     pub is_leader: Arc<AtomicBool>,
+    /// The overflow pool of the weighted queues (`executor::pool`), if any.
+    pub overflow: Option<Arc<SharedPool>>,
 }
 
 /// Handles of the background tasks, joined on shutdown.
@@ -57,7 +61,9 @@ pub(crate) fn start(
     specs: Specs,
     state: StateMap,
     url: Option<String>,
-) -> Running {
+) -> Result<Running, AwaError> {
+    // Checked by `ClientBuilder::build` already; an error here is the same refusal.
+    let overflow = crate::executor::pool::overflow_pool(config.global_max_workers, &queues)?;
     let wake = queues
         .keys()
         .map(|q| (q.clone(), Arc::new(Notify::new())))
@@ -99,6 +105,7 @@ pub(crate) fn start(
         completer: completer.clone(),
         waker,
         is_leader: Arc::new(AtomicBool::new(false)),
+        overflow,
     });
     let batcher = tokio::spawn(completer.run_batcher(batch_rx));
     let dispatchers = shared
@@ -126,12 +133,12 @@ pub(crate) fn start(
             shared.is_leader.clone(),
         )));
     }
-    Running {
+    Ok(Running {
         shared,
         dispatchers,
         batcher,
         background,
-    }
+    })
 }
 
 /// Graceful shutdown: stop claiming, let running handlers finish and finalize within

@@ -148,8 +148,13 @@ async fn lead(pool: &Db, lease: Lease, config: &RuntimeConfig, specs: &Specs, st
         }
         if due(4, config.prune_interval, &last) {
             last[4] = now;
-            match prune::prune_terminal(pool, config.completed_retention, config.failed_retention)
-                .await
+            match prune::prune_terminal(
+                pool,
+                config.completed_retention,
+                config.failed_retention,
+                config.cleanup_batch,
+            )
+            .await
             {
                 Ok(n) if n > 0 => tracing::info!(deleted = n, "pruned finished jobs"),
                 Ok(_) => {}

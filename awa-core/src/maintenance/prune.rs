@@ -6,17 +6,23 @@ use crate::storage::pool::Db;
 use std::time::Duration;
 
 /// Delete completed rows older than `completed`, and failed or cancelled rows older than
-/// `failed`; at most 10,000 per call. Returns how many were deleted.
-pub async fn prune_terminal(pool: &Db, completed: Duration, failed: Duration) -> Result<u64> {
+/// `failed`; at most `batch` per call (`cleanup_batch_size`). Returns how many were deleted.
+pub async fn prune_terminal(
+    pool: &Db,
+    completed: Duration,
+    failed: Duration,
+    batch: usize,
+) -> Result<u64> {
     let done = sqlx::query(
         "DELETE FROM awa.jobs WHERE id IN (
              SELECT id FROM awa.jobs
              WHERE (state = 'completed' AND finalized_at < now() - make_interval(secs => $1))
                 OR (state IN ('failed', 'cancelled') AND finalized_at < now() - make_interval(secs => $2))
-             LIMIT 10000)",
+             LIMIT $3)",
     )
     .bind(completed.as_secs_f64())
     .bind(failed.as_secs_f64())
+    .bind(i64::try_from(batch).unwrap_or(i64::MAX))
     .execute(pool)
     .await?;
     Ok(done.rows_affected())

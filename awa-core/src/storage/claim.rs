@@ -17,7 +17,21 @@ pub async fn claim_batch<'e, E: PgExecutor<'e>>(
     limit: i64,
     deadline: Duration,
 ) -> Result<Vec<JobRow>> {
-    claim_where(executor, queue, None, limit, deadline).await
+    claim_where(executor, queue, None, limit, deadline, None).await
+}
+
+/// [`claim_batch`] with priority aging: a job is taken as if its priority were one better
+/// (down to 1) for every `aging` interval it has been due (`run_at` in the past). The order
+/// is computed per claim, so it cannot use the queue's index order: a cost that grows with
+/// the number of available jobs in the queue, paid only by queues that ask for aging.
+pub async fn claim_batch_aged<'e, E: PgExecutor<'e>>(
+    executor: E,
+    queue: &str,
+    limit: i64,
+    deadline: Duration,
+    aging: Option<Duration>,
+) -> Result<Vec<JobRow>> {
+    claim_where(executor, queue, None, limit, deadline, aging).await
 }
 
 /// [`claim_batch`] restricted to one kind (the test harness claims the job it can run).
@@ -28,7 +42,7 @@ pub async fn claim_kind<'e, E: PgExecutor<'e>>(
     limit: i64,
     deadline: Duration,
 ) -> Result<Vec<JobRow>> {
-    claim_where(executor, queue, Some(kind), limit, deadline).await
+    claim_where(executor, queue, Some(kind), limit, deadline, None).await
 }
 
 async fn claim_where<'e, E: PgExecutor<'e>>(
@@ -37,13 +51,19 @@ async fn claim_where<'e, E: PgExecutor<'e>>(
     kind: Option<&str>,
     limit: i64,
     deadline: Duration,
+    aging: Option<Duration>,
 ) -> Result<Vec<JobRow>> {
+    let order = if aging.is_some() {
+        "GREATEST(1, priority - floor(extract(epoch FROM now() - run_at) / $5)::int), run_at, id"
+    } else {
+        "priority, run_at, id"
+    };
     let sql = format!(
         "WITH picked AS (
              SELECT id FROM awa.jobs
              WHERE state = 'available' AND queue = $1 AND ($4::text IS NULL OR kind = $4)
                AND NOT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = $1 AND m.paused)
-             ORDER BY priority, run_at, id
+             ORDER BY {order}
              LIMIT $2
              FOR UPDATE SKIP LOCKED)
          UPDATE awa.jobs j
@@ -58,13 +78,15 @@ async fn claim_where<'e, E: PgExecutor<'e>>(
             .replace("id, kind", "j.id, j.kind")
             .replace("callback_id::text", "j.callback_id::text")
     );
-    let rows = sqlx::query(&sql)
+    let mut q = sqlx::query(&sql)
         .bind(queue)
         .bind(limit)
         .bind(deadline.as_secs_f64())
-        .bind(kind)
-        .fetch_all(executor)
-        .await?;
+        .bind(kind);
+    if let Some(a) = aging {
+        q = q.bind(a.as_secs_f64());
+    }
+    let rows = q.fetch_all(executor).await?;
     let mut jobs = rows
         .iter()
         .map(|r| JobRow::from_row(r).map_err(AwaError::from))
