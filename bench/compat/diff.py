@@ -22,6 +22,7 @@ Our blocking ``Client`` forwards methods through ``__getattr__``; those are reso
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import sys
 from collections.abc import Iterable
@@ -38,6 +39,10 @@ POSITIONAL = ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")
 DELIBERATE = [
     (("tuple:empty",), ("None",),
      "awa-pg's native coroutines resolve to () for a unit result; ours resolve to None (the documented `-> None`)"),
+]
+
+# Deliberate differences by where they show: (probe name glob, observation key glob, reason).
+DELIBERATE_KEYS: list[tuple[str, str, str]] = [
 ]
 
 
@@ -268,9 +273,12 @@ def fmt(value: Any) -> str:
     return text.replace("|", "\\|").replace("\n", " ")[:160]
 
 
-def deliberate(a: Any, b: Any) -> str | None:
+def deliberate(a: Any, b: Any, probe: str = "", key: str = "") -> str | None:
     for ref_values, our_values, reason in DELIBERATE:
         if a in ref_values and b in our_values:
+            return reason
+    for probe_glob, key_glob, reason in DELIBERATE_KEYS:
+        if fnmatch.fnmatchcase(probe, probe_glob) and fnmatch.fnmatchcase(key, key_glob):
             return reason
     return None
 
@@ -288,7 +296,7 @@ def compare_probes(ref: dict[str, Any], ours: dict[str, Any]) -> tuple[list[tupl
             if va == vb:
                 continue
             what = "message" if key.endswith("message") else "type/value"
-            diffs.append((key, va, vb, what, deliberate(va, vb) or ""))
+            diffs.append((key, va, vb, what, deliberate(va, vb, name, key) or ""))
         if diffs:
             out.append((name, diffs))
         else:

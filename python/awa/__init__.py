@@ -25,7 +25,9 @@ from ._awa import (
 from ._client import AsyncClient, Client, SyncTransaction, Transaction
 from ._convert import MAX_JSON_DEPTH, derive_kind
 from ._job import Job
-from ._outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
+from ._migrations import current_migration_version, migrate, migrations, migrations_range
+from ._outcomes import CallbackToken, Cancel, RetryAfter, Snooze, WaitForCallback
+from ._results import HealthCheck, QueueHealth, QueueStat, ResolveResult
 from ._states import DEFAULT_UNIQUE_STATES, JobState, unique_states
 
 __version__ = _distribution_version("awa-queue")  # the installed distribution's, i.e. pyproject.toml's
@@ -37,15 +39,20 @@ _atexit.register(lambda: _awa.quiesce(50))
 __all__ = [
     "AsyncClient",
     "AwaError",
+    "CallbackToken",
     "Cancel",
     "CallbackNotFound",
     "Client",
     "DEFAULT_UNIQUE_STATES",
     "DatabaseError",
+    "HealthCheck",
     "Job",
     "JobNotFound",
     "JobState",
     "MAX_JSON_DEPTH",
+    "QueueHealth",
+    "QueueStat",
+    "ResolveResult",
     "RetryAfter",
     "SchemaNotMigrated",
     "SerializationError",
@@ -59,6 +66,10 @@ __all__ = [
     "ValidationError",
     "WaitForCallback",
     "__version__",
+    "current_migration_version",
     "derive_kind",
+    "migrate",
+    "migrations",
+    "migrations_range",
     "unique_states",
 ]
