@@ -127,6 +127,7 @@ def test_migration_functions() -> None:
     assert awa.migrations_range(0, awa.current_migration_version()) == listed
     assert [v for v, _, _ in awa.migrations_range(1, 5)] == [v for v in versions if 1 < v <= 5]
     assert awa.migrations_range(5, 1) == []
+    assert awa.schema_patches() == []  # awa-pg's maintenance-line patches: none here
 
 
 async def test_module_migrate_takes_a_url(empty_database: str) -> None:

@@ -7,6 +7,8 @@ import dataclasses
 import datetime as dt
 import importlib.metadata
 import pickle
+import subprocess
+import sys
 
 import awa
 import pytest
@@ -61,6 +63,13 @@ def test_the_fixture_is_registered_as_a_pytest_plugin(pytestconfig: pytest.Confi
     entry_points = importlib.metadata.entry_points(group="pytest11")
     assert any(ep.name == "awa" and ep.value == "awa.pytest_plugin" for ep in entry_points)
     assert pytestconfig.pluginmanager.has_plugin("awa")
+    # awa-pg's documented import works too, and importing awa.testing alone needs no pytest.
+    from awa.pytest_plugin import awa_client as plugin_fixture
+    from awa.testing import awa_client
+
+    assert awa_client is plugin_fixture and "awa_client" in awa.testing.__all__
+    code = "import sys, awa.testing; assert 'pytest' not in sys.modules and 'pytest_asyncio' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 async def test_awa_client_fixture_gives_a_migrated_database_of_its_own(awa_client: awa.testing.AwaTestClient) -> None:

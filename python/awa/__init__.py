@@ -25,7 +25,7 @@ from ._awa import (
 from ._client import AsyncClient, Client, SyncTransaction, Transaction
 from ._convert import MAX_JSON_DEPTH, derive_kind
 from ._job import Job
-from ._migrations import current_migration_version, migrate, migrations, migrations_range
+from ._migrations import current_migration_version, migrate, migrations, migrations_range, schema_patches
 from ._outcomes import CallbackToken, Cancel, RetryAfter, Snooze, WaitForCallback
 from ._results import HealthCheck, QueueHealth, QueueStat, ResolveResult
 from ._states import DEFAULT_UNIQUE_STATES, JobState, unique_states
@@ -71,5 +71,6 @@ __all__ = [
     "migrate",
     "migrations",
     "migrations_range",
+    "schema_patches",
     "unique_states",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from . import _awa
 
-__all__ = ["current_migration_version", "migrate", "migrations", "migrations_range"]
+__all__ = ["current_migration_version", "migrate", "migrations", "migrations_range", "schema_patches"]
 
 
 async def migrate(database_url: str) -> None:
@@ -36,3 +36,10 @@ def migrations_range(from_version: int, to_version: int) -> list[tuple[int, str,
 def current_migration_version() -> int:
     """The newest schema version this package knows (what ``migrate()`` brings a database to)."""
     return int(_awa.current_migration_version())
+
+
+def schema_patches() -> list[tuple[str, str, str]]:
+    """awa-pg's idempotent schema patches, ``(name, description, sql)``, to apply after the
+    migrations. This package has none (every schema change is a versioned migration), so
+    the list is empty; it exists so that tooling written for awa-pg runs unchanged."""
+    return []

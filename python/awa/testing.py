@@ -30,9 +30,11 @@ from ._job import Job, format_timestamp
 from ._states import JobState
 from ._worker import TaskSpec, run_handler
 
-__all__ = [
+# "awa_client" is served by the module __getattr__ below (imported from the pytest plugin on
+# first use, so importing this module never imports pytest).
+__all__ = [  # noqa: F822
     "AwaTestClient", "DEFAULT_DATABASE_URL", "HandlerJob", "JobRow", "NoJob", "StagedRequest", "WorkResult",
-    "get_database_url",
+    "awa_client", "get_database_url",
 ]
 
 #: awa-pg's default test database, used when ``DATABASE_URL`` is not set.
@@ -128,7 +130,12 @@ class AwaTestClient:
     """Drive jobs one at a time in tests."""
 
     def __init__(self, client: AsyncClient) -> None:
-        self.client = client
+        self._client = client
+
+    @property
+    def client(self) -> AsyncClient:
+        """The wrapped :class:`awa.AsyncClient`."""
+        return self._client
 
     async def migrate(self) -> None:
         await self.client.migrate()
@@ -285,3 +292,13 @@ class HandlerJob(Job):
             max_attempts=parsed["max_attempts"], tags=parsed["tags"], metadata=parsed.get("metadata"),
             run_at=parsed["run_at"], unique_opts=parsed.get("unique_opts"), ordering_key=parsed["ordering_key"],
         ))
+
+
+def __getattr__(name: str) -> Any:
+    # ``from awa.testing import awa_client`` (awa-pg's documented use) works without making
+    # this module import pytest: the fixture lives in the pytest plugin, loaded on demand.
+    if name == "awa_client":
+        from .pytest_plugin import awa_client
+
+        return awa_client
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
