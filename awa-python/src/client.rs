@@ -255,6 +255,22 @@ pub(crate) fn check_setting(field: &str, value: f64) -> PyResult<f64> {
     awa_core::executor::config::check_setting(field, value).py_err()
 }
 
+/// How long `close` waits for connections still on their way back to the pool.
+const CLOSE_RETURN_WAIT: Duration = Duration::from_millis(500);
+
+/// Close the pool, closing every connection. A call's connection goes back to the pool in
+/// a task of its own, which may still be pending when Python sees the call's result; a
+/// `close()` right then would leave that connection open (it stayed ESTABLISHED until the
+/// database was dropped: one per client in the test suite). So wait, bounded, until every
+/// connection is back (idle), then close.
+async fn close_pool(pool: PgPool) {
+    let deadline = tokio::time::Instant::now() + CLOSE_RETURN_WAIT;
+    while pool.num_idle() < pool.size() as usize && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    pool.close().await;
+}
+
 #[pyclass(module = "awa._awa")]
 pub struct NativeClient {
     pub(crate) pool: PgPool,
@@ -665,13 +681,13 @@ impl NativeClient {
     /// no event loop may be left to await on).
     fn close_blocking(&self, py: Python<'_>) {
         let pool = self.pool.clone();
-        py.detach(|| pyo3_async_runtimes::tokio::get_runtime().block_on(pool.close()));
+        py.detach(|| pyo3_async_runtimes::tokio::get_runtime().block_on(close_pool(pool)));
     }
 
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
         bridge::spawn(py, async move {
-            pool.close().await;
+            close_pool(pool).await;
             Ok(())
         })
     }
