@@ -19,7 +19,7 @@ class Charge:
 
 
 async def test_parked_job_completed_failed_or_retried_externally(client: awa.AsyncClient) -> None:
-    tokens: dict[int, str] = {}
+    tokens: dict[int, awa.CallbackToken] = {}
 
     @client.task(Charge)
     async def charge(job: awa.Job) -> Any:
@@ -43,14 +43,15 @@ async def test_parked_job_completed_failed_or_retried_externally(client: awa.Asy
             await client.complete_external(tokens[0])
         with pytest.raises(awa.CallbackNotFound):
             await client.complete_external("00000000-0000-0000-0000-000000000000")
-        with pytest.raises(awa.CallbackNotFound):
+        # A malformed id is a bad request (as in awa-pg), not an unknown callback.
+        with pytest.raises(awa.ValidationError, match="invalid callback id"):
             await client.fail_external("not-a-uuid", "x")
     finally:
         await client.shutdown()
 
 
 async def test_wait_for_callback_inside_the_handler(client: awa.AsyncClient) -> None:
-    tokens: asyncio.Queue[str] = asyncio.Queue()
+    tokens: asyncio.Queue[awa.CallbackToken] = asyncio.Queue()
     payloads: list[Any] = []
 
     @client.task(Charge)
@@ -73,7 +74,7 @@ async def test_wait_for_callback_inside_the_handler(client: awa.AsyncClient) -> 
 
 
 async def test_resume_before_the_handler_waits(client: awa.AsyncClient) -> None:
-    tokens: asyncio.Queue[str] = asyncio.Queue()
+    tokens: asyncio.Queue[awa.CallbackToken] = asyncio.Queue()
     go = asyncio.Event()
     payloads: list[Any] = []
 
@@ -97,7 +98,7 @@ async def test_resume_before_the_handler_waits(client: awa.AsyncClient) -> None:
 
 
 async def test_callback_timeout_is_rescued_and_heartbeat_extends_it(client: awa.AsyncClient) -> None:
-    tokens: dict[int, str] = {}
+    tokens: dict[int, awa.CallbackToken] = {}
 
     @client.task(Charge)
     async def charge(job: awa.Job) -> Any:

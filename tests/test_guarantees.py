@@ -103,7 +103,7 @@ async def test_leadership_moves_to_another_client_when_the_leader_stops(database
         await wait_for(lambda: _leader(first), what="the first client to lead")
         await second.start([("default", 1)], **FAST)
         await asyncio.sleep(0.5)
-        assert not (await second.health_check())["leader"], "one leader at a time"
+        assert not (await second.health_check()).leader, "one leader at a time"
         await first.shutdown()
         await wait_for(lambda: _leader(second), what="the second client to take over")
         # The new leader does the leader's work: it promotes a due scheduled job.
@@ -117,4 +117,4 @@ async def test_leadership_moves_to_another_client_when_the_leader_stops(database
 
 
 async def _leader(client: awa.AsyncClient) -> bool:
-    return bool((await client.health_check())["leader"])
+    return (await client.health_check()).leader

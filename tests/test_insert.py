@@ -60,7 +60,10 @@ async def test_get_job_has_every_attribute(client: awa.AsyncClient) -> None:
         assert hasattr(got, attr), attr
     assert got.kind == "html_to_pdf"
     assert got.attempt == 0 and got.errors == [] and got.deadline is None and got.progress is None
-    assert isinstance(got.created_at, dt.datetime) and got.created_at.tzinfo is not None
+    # awa-pg's types: a JobState and RFC 3339 text that fromisoformat parses (aware, UTC).
+    assert got.state is awa.JobState.Available and got.state == "available"
+    assert isinstance(got.created_at, str) and isinstance(got.run_at, str)
+    assert dt.datetime.fromisoformat(got.created_at).utcoffset() == dt.timedelta(0)
     assert got.ordering_key == "k1"
     with pytest.raises(awa.JobNotFound):
         await client.get_job(10**12)
@@ -70,7 +73,7 @@ async def test_run_at_in_future_is_scheduled(client: awa.AsyncClient) -> None:
     future = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
     job = await client.insert(SendEmail(to="x"), run_at=future)
     assert job.state == "scheduled"
-    assert abs((job.run_at - future).total_seconds()) < 0.001
+    assert abs((dt.datetime.fromisoformat(job.run_at) - future).total_seconds()) < 0.001
     past = await client.insert(SendEmail(to="y"), run_at=dt.datetime(2000, 1, 1))
     assert past.state == "available"
 
@@ -282,10 +285,11 @@ async def test_copy_schedules_future_run_at(client: awa.AsyncClient) -> None:
     assert n == 3
     jobs = {j.args["to"]: j for j in await client.list_jobs()}
     assert jobs["later"].state == "scheduled"
-    assert abs((jobs["later"].run_at - future).total_seconds()) < 0.001
-    assert (jobs["past"].state, jobs["past"].run_at) == ("available", past.replace(tzinfo=dt.timezone.utc))
+    assert abs((dt.datetime.fromisoformat(jobs["later"].run_at) - future).total_seconds()) < 0.001
+    assert (jobs["past"].state, dt.datetime.fromisoformat(jobs["past"].run_at)) == (
+        "available", past.replace(tzinfo=dt.timezone.utc))
     assert jobs["now"].state == "available"
-    assert abs((jobs["now"].run_at - dt.datetime.now(dt.timezone.utc)).total_seconds()) < 60
+    assert abs((dt.datetime.fromisoformat(jobs["now"].run_at) - dt.datetime.now(dt.timezone.utc)).total_seconds()) < 60
     # A shared run_at applies to every job.
     await client.enqueue_many_copy([SendEmail(to="s1"), SendEmail(to="s2")], run_at=future)
     assert len(await client.list_jobs(state="scheduled")) == 3

@@ -98,7 +98,8 @@ def test_migrate_as_the_application_role_on_an_older_schema_names_the_versions(
         with pytest.raises(awa.AwaError) as raised:
             app.migrate()
     message = str(raised.value)
-    assert f"version {latest - 1}" in message and f"version {latest}" in message, message
+    previous = awa.migrations()[-2][0]  # versions need not be contiguous
+    assert f"version {previous}" in message and f"version {latest}" in message, message
     assert "owner must run" in message, message
     with awa.Client(owner_url) as owner:
         owner.migrate()
@@ -153,7 +154,7 @@ async def test_worker_producer_and_admin_calls_run_as_the_application_role(app_u
             await wait_for(lambda: tokens, what="the callback token")
             await app.heartbeat_callback(tokens[0], timeout_seconds=60)
             assert (await app.complete_external(tokens[0], {"ok": True})).state == "completed"
-            assert (await app.health_check())["schema_version"] == awa._awa.SCHEMA_VERSION
+            assert (await app.health_check()).schema_version == awa._awa.SCHEMA_VERSION
             await app.queue_stats()
             await app.pause_queue("idle", "ops")
             idle = await app.insert(Chore("ok", 9), queue="idle")

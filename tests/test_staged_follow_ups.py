@@ -194,7 +194,7 @@ async def test_work_one_seals_the_instant_the_handler_returns(client: awa.AsyncC
 
 
 async def test_staged_after_wait_for_callback_resumes(client: awa.AsyncClient) -> None:
-    tokens: asyncio.Queue[str] = asyncio.Queue()
+    tokens: asyncio.Queue[awa.CallbackToken] = asyncio.Queue()
 
     @client.task(StageA)
     async def stage_a(job: awa.Job) -> None:
@@ -216,7 +216,7 @@ async def test_staged_after_wait_for_callback_resumes(client: awa.AsyncClient) -
 
 
 async def test_complete_external_discards_staged(client: awa.AsyncClient) -> None:
-    tokens: asyncio.Queue[str] = asyncio.Queue()
+    tokens: asyncio.Queue[awa.CallbackToken] = asyncio.Queue()
     wait_errors: list[BaseException] = []
 
     @client.task(StageA)

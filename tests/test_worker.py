@@ -208,8 +208,8 @@ async def test_admin_actions(client: awa.AsyncClient) -> None:
     a = await client.insert(Work(mode="a"), queue="adm")
     await client.insert(Work(mode="b"), queue="adm")
     await client.pause_queue("adm")
-    stats = {s["queue"]: s for s in await client.queue_stats()}
-    assert stats["adm"]["paused"] and stats["adm"]["counts"]["available"] == 2
+    stats = {s.queue: s for s in await client.queue_stats()}
+    assert stats["adm"].paused and stats["adm"].available == 2 and stats["adm"].total_queued == 2
     await client.resume_queue("adm")
     assert (await client.cancel(a.id)).state == "cancelled"
     assert (await client.retry(a.id)).state == "available"
@@ -253,7 +253,7 @@ def test_blocking_client_runs_a_worker(sync_client: awa.Client) -> None:
     finally:
         sync_client.shutdown()
     assert sorted(done) == [0, 1, 2, 3, 4]
-    assert sync_client.health_check()["database"] is True
+    assert sync_client.health_check().postgres_connected is True
 
 
 async def test_two_clients_complete_every_job_exactly_once(database_url: str) -> None:
@@ -272,7 +272,7 @@ async def test_two_clients_complete_every_job_exactly_once(database_url: str) ->
     try:
         async def all_done() -> bool:
             stats = await clients[0].queue_stats()
-            return bool(stats) and stats[0]["counts"].get("completed", 0) == 2000
+            return bool(stats) and stats[0].completed == 2000
         await wait_for(all_done, timeout=60, what="2000 completions")
     finally:
         for c in clients:

@@ -254,46 +254,28 @@ async fn fail_external_fails_and_retry_external_runs_the_job_again() {
 }
 
 #[tokio::test]
-async fn unknown_callback_ids_are_not_found() {
+async fn unknown_callback_ids_are_not_found_and_malformed_ones_are_refused() {
     let db = TestDb::new().await;
     let (client, _tokens, _) = parking_client(&db, 1, Duration::from_secs(3600), fast_config());
     let unknown = "6f1c3a52-9a4b-4c51-8d7e-0123456789ab";
-    for id in [unknown, "not-a-uuid", ""] {
-        assert!(
-            matches!(
-                client.complete_external(id, None).await,
-                Err(AwaError::CallbackNotFound(_))
-            ),
-            "{id}"
-        );
-        assert!(
-            matches!(
-                client.fail_external(id, "x").await,
-                Err(AwaError::CallbackNotFound(_))
-            ),
-            "{id}"
-        );
-        assert!(
-            matches!(
-                client.retry_external(id).await,
-                Err(AwaError::CallbackNotFound(_))
-            ),
-            "{id}"
-        );
-        assert!(
-            matches!(
-                client.resume_external(id, None).await,
-                Err(AwaError::CallbackNotFound(_))
-            ),
-            "{id}"
-        );
-        assert!(
-            matches!(
-                client.heartbeat_callback(id, Duration::from_secs(60)).await,
-                Err(AwaError::CallbackNotFound(_))
-            ),
-            "{id}"
-        );
+    // A well-formed id no job waits on is not found; a malformed one is a bad request
+    // (awa.ValidationError in Python, as in awa-pg), checked before any lookup.
+    for (id, malformed) in [(unknown, false), ("not-a-uuid", true), ("", true)] {
+        let expected = |r: &Result<awa_core::JobRow, AwaError>| match r {
+            Err(AwaError::CallbackNotFound(_)) => !malformed,
+            Err(AwaError::Config(m)) => malformed && m.contains("invalid callback id"),
+            _ => false,
+        };
+        let results = [
+            client.complete_external(id, None).await,
+            client.fail_external(id, "x").await,
+            client.retry_external(id).await,
+            client.resume_external(id, None).await,
+            client.heartbeat_callback(id, Duration::from_secs(60)).await,
+        ];
+        for (i, r) in results.iter().enumerate() {
+            assert!(expected(r), "{id:?} call {i}: {r:?}");
+        }
     }
 }
 

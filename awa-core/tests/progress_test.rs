@@ -110,7 +110,7 @@ async fn progress_survives_a_retry_and_is_cleared_when_the_job_completes() {
         (!row.errors.is_empty()).then_some(row)
     })
     .await;
-    let expected = json!({"percent": 40.0, "message": "halfway", "metadata": {"cursor": 17}});
+    let expected = json!({"percent": 40, "message": "halfway", "metadata": {"cursor": 17}});
     // (Once the second attempt runs, its heartbeats may already store its own progress.)
     if matches!(failed.state, JobState::Retryable | JobState::Available) {
         assert_eq!(
@@ -239,7 +239,7 @@ async fn every_completion_path_clears_progress() {
     let parked = wait_for_state(&db, park.id, &[JobState::WaitingExternal], T).await;
     assert_eq!(
         parked.progress,
-        Some(json!({"percent": 99.0, "message": "finishing park"})),
+        Some(json!({"percent": 99, "message": "finishing park"})),
         "parking keeps progress"
     );
     let done = client
@@ -258,7 +258,7 @@ async fn every_completion_path_clears_progress() {
         assert_eq!(
             before.get(&n),
             Some(&Some(
-                json!({"percent": 99.0, "message": format!("finishing {mode}")})
+                json!({"percent": 99, "message": format!("finishing {mode}")})
             )),
             "flush_progress stored the progress of {mode} before it completed"
         );
@@ -333,7 +333,7 @@ async fn flush_progress_writes_at_once_and_unflushed_progress_waits_for_a_heartb
     );
     assert_eq!(
         row_progress(&db, job.id).await,
-        Some(json!({"percent": 10.0, "message": "first"}))
+        Some(json!({"percent": 10, "message": "first"}))
     );
     gate.notify_one();
     assert_eq!(
@@ -342,7 +342,7 @@ async fn flush_progress_writes_at_once_and_unflushed_progress_waits_for_a_heartb
     );
     assert_eq!(
         row_progress(&db, job.id).await,
-        Some(json!({"percent": 10.0, "message": "first"})),
+        Some(json!({"percent": 10, "message": "first"})),
         "unflushed progress is not written before a heartbeat"
     );
     gate.notify_one();
@@ -381,7 +381,7 @@ async fn heartbeats_flush_buffered_progress() {
         Some(1)
     );
     eventually("a heartbeat to flush the first progress", T, || async {
-        (row_progress(&db, job.id).await == Some(json!({"percent": 10.0, "message": "first"})))
+        (row_progress(&db, job.id).await == Some(json!({"percent": 10, "message": "first"})))
             .then_some(())
     })
     .await;
@@ -395,7 +395,7 @@ async fn heartbeats_flush_buffered_progress() {
         T,
         || async {
             (row_progress(&db, job.id).await
-                == Some(json!({"percent": 10.0, "message": "first", "metadata": {"page": 2}})))
+                == Some(json!({"percent": 10, "message": "first", "metadata": {"page": 2}})))
             .then_some(())
         },
     )
@@ -486,7 +486,7 @@ async fn oversize_progress_is_rejected_and_leaves_the_document_unchanged() {
         ]
     );
     let fits = "y".repeat(MAX_PROGRESS_BYTES - 200);
-    let expected = json!({"percent": 5.0, "message": "small", "metadata": {"fits": fits}});
+    let expected = json!({"percent": 5, "message": "small", "metadata": {"fits": fits}});
     assert_eq!(
         *after.lock().expect("lock"),
         Some(expected.clone()),

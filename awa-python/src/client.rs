@@ -156,6 +156,27 @@ where
 /// Check one numeric setting (`start()` keywords, `shutdown(timeout_ms)`, callback
 /// `timeout_seconds`) against the engine's range; returns it, or raises `ValidationError`
 /// naming the field and the range.
+/// Every migration as `(version, description, sql)` (awa-pg's `migrations()`).
+#[pyfunction]
+pub(crate) fn migrations() -> Vec<(i32, String, &'static str)> {
+    awa_core::storage::migrations::migrations()
+}
+
+/// The migrations after `from_version` up to and including `to_version`.
+#[pyfunction]
+pub(crate) fn migrations_range(
+    from_version: i32,
+    to_version: i32,
+) -> Vec<(i32, String, &'static str)> {
+    awa_core::storage::migrations::migrations_range(from_version, to_version)
+}
+
+/// The newest schema version this library knows (awa-pg's `current_migration_version()`).
+#[pyfunction]
+pub(crate) fn current_migration_version() -> i32 {
+    awa_core::storage::migrations::latest_version()
+}
+
 #[pyfunction]
 pub(crate) fn check_setting(field: &str, value: f64) -> PyResult<f64> {
     awa_core::executor::config::check_setting(field, value).py_err()
@@ -664,6 +685,33 @@ impl NativeClient {
                 }
                 other => Err(AwaError::Config(format!("unknown callback action {other}"))),
             }
+        })
+    }
+
+    /// Resolve a callback with its CEL rules (`storage::callbacks::resolve_callback`);
+    /// resolves to the resolution as JSON text. `default_action` None means "ignore".
+    #[pyo3(signature = (callback_id, payload_json = None, default_action = None))]
+    fn resolve_callback<'py>(
+        &self,
+        py: Python<'py>,
+        callback_id: String,
+        payload_json: Option<String>,
+        default_action: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let payload = payload_json
+            .map(|p| serde_json::from_str::<serde_json::Value>(&p))
+            .transpose()
+            .map_err(AwaError::from)
+            .py_err()?;
+        let default: awa_core::model::DefaultAction = default_action
+            .as_deref()
+            .unwrap_or("ignore")
+            .parse()
+            .py_err()?;
+        let pool = self.pool.clone();
+        json_future(py, async move {
+            let specs = awa_core::specs::Specs::default();
+            callbacks::resolve_callback(&pool, &specs, &callback_id, payload, default).await
         })
     }
 

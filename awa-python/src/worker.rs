@@ -185,17 +185,46 @@ impl NativeJobContext {
         bridge::spawn(py, async move { ctx.flush_progress().await.py_err() })
     }
 
+    /// Register a callback (with optional CEL rules); resolves to the callback id.
+    #[pyo3(signature = (timeout_seconds, filter = None, on_complete = None, on_fail = None, transform = None))]
     fn register_callback<'py>(
         &self,
         py: Python<'py>,
         timeout_seconds: f64,
+        filter: Option<String>,
+        on_complete: Option<String>,
+        on_fail: Option<String>,
+        transform: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let ctx = self.ctx.clone();
         let timeout = outcome_delay_from_secs("timeout_seconds", timeout_seconds)
             .map_err(|e| crate::errors::ValidationError::new_err(e.to_string()))?;
+        let rules = awa_core::model::CallbackRules {
+            filter,
+            on_complete,
+            on_fail,
+            transform,
+        };
+        // Compile before going async, so a bad expression raises at the call.
+        rules.validate().py_err()?;
         bridge::spawn(py, async move {
-            Ok(ctx.register_callback(timeout).await.py_err()?.0)
+            Ok(ctx
+                .register_callback_with(timeout, &rules)
+                .await
+                .py_err()?
+                .0)
         })
+    }
+
+    /// `flush_progress` blocking the calling thread (a handler's worker thread; never the
+    /// runtime's own threads, which this is not called from).
+    fn flush_progress_blocking(&self, py: Python<'_>) -> PyResult<()> {
+        let ctx = self.ctx.clone();
+        py.detach(|| {
+            pyo3_async_runtimes::tokio::get_runtime()
+                .block_on(async move { ctx.flush_progress().await })
+        })
+        .py_err()
     }
 
     /// Wait inside the handler for `resume_external`; returns the payload as JSON text.

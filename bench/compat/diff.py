@@ -41,6 +41,69 @@ DELIBERATE = [
      "awa-pg's native coroutines resolve to () for a unit result; ours resolve to None (the documented `-> None`)"),
 ]
 
+# Deliberate differences by where they show: (probe name glob, observation key glob, reason),
+# or with a fourth element, the awa-pg value the entry requires (e.g. "<absent>" for an
+# addition of ours). Issue 13, items 1, 3 and 9 (branch `types`):
+ADDITION = "an addition of ours (awa-pg has no such attribute or value); nothing awa-pg code uses changes"
+OUR_MESSAGE = "same exception class; our message names the value and the expected form"
+DELIBERATE_KEYS: list[tuple[str, ...]] = [
+    # Extra attributes on Job, HealthCheck, QueueStat, HandlerJob and testing.
+    ("*", "*shape.attrs.*", "<absent>", ADDITION),
+    ("*", "item_shape.attrs.*", "<absent>", ADDITION),
+    ("testing.handler_job_awa_pg_fields", "attrs", ADDITION + ": HandlerJob is a full awa.Job stand-in"),
+    ("testing.handler_job_awa_pg_fields", "args_only*",
+     "HandlerJob(args) works: every field after args has a default here (awa-pg requires all nine)"),
+    ("testing.import", "names", ADDITION + " (StagedRequest, for HandlerJob.staged)"),
+    ("testing.work_one", "work_one.job_type",
+     "WorkResult.job is a full awa.Job (every JobRow attribute and more); awa-pg builds a JobRow"),
+    ("testing.pytest_plugin", "pytest11",
+     "ours registers awa_client as a pytest plugin; awa-pg's fixture must be imported (and is broken)"),
+    # JobState: a str Enum (GAPS.md item 1's suggestion).
+    ("jobstate.members", "names", "the upper-case names are kept as aliases of awa-pg's members"),
+    ("jobstate.members", "*.eq_str", "JobState members are also str: equal to their value"),
+    ("insert.defaults", "state_eq_str", "JobState members are also str: equal to their value"),
+    ("types.misc", "JobState('available')*", "JobState(value) looks a member up by value (an Enum)"),
+    ("types.misc", "hash(JobState.Available)*", "JobState members are hashable (awa-pg's are not)"),
+    # Outcome types.
+    ("types.misc", "RetryAfter('x').raises",
+     "DelayTypeError is a TypeError (what awa-pg raises) and a ValidationError"),
+    ("types.misc", "RetryAfter(1) == RetryAfter(1)", "outcome values compare by value (frozen dataclasses)"),
+    ("types.misc", "Snooze(-1)*", "a negative delay is refused (awa.ValidationError); awa-pg accepts it"),
+    ("types.misc", "exception_module", "exceptions live in module awa (picklable), not _awa"),
+    ("types.misc", "pickle(ValidationError)*", "exceptions live in module awa (picklable), not _awa"),
+    # Callbacks.
+    ("callback.*", "*.message", OUR_MESSAGE),
+    ("callback.wait_for_callback_ctor", "from_str.*",
+     "WaitForCallback also takes the callback id as a str (an addition)"),
+    ("callback.wait_for_callback_ctor", "no_args.message", OUR_MESSAGE),
+    ("worker.outcome_inspect", "seen_in_handler.register_callback_*.message", OUR_MESSAGE),
+    ("worker.outcome_inspect", "seen_in_handler.register_callback_*.raises",
+     "a bad timeout raises a ValidationError that is also the ValueError awa-pg raises"),
+    ("worker.outcome_inspect", "seen_in_handler.register_callback_*.mro",
+     "a bad timeout raises a ValidationError that is also the ValueError awa-pg raises"),
+    # Module functions and health.
+    ("module.migrate_function", "*", "awa.migrate(url) migrates; awa-pg 0.6.9's timed out in the probe"),
+    ("worker.shutdown", "health_after_shutdown.*", "health_check() after shutdown returns a HealthCheck"),
+]
+
+# Deliberate differences the probe does not observe, shown in the report as they are.
+DELIBERATE_UNPROBED: list[tuple[str, str]] = [
+    ("`awa.RawClient` is not exported",
+     "awa-pg's raw native client (101 members, a `_sync` twin of each) mirrors its own engine; ours has "
+     "a different private native layer, and `AsyncClient`/`Client` are the public API in both"),
+    ("`JobState.Available == 1` is False (`int(JobState.Available) == 1` holds)",
+     "the members are `str` (equal to their value) and hashable; one object cannot equal both 1 and "
+     "\"available\" and keep a consistent hash"),
+    ("a handler waiting in `wait_for_callback` stays `running` (awa-pg: `waiting_external`)",
+     "its heartbeat, lease and staged follow-ups stay alive across the wait; `resume_external` returns the "
+     "job `running` with `metadata[\"_awa_callback_result\"]`, as ADR-021 says"),
+    ("`resume_external` on a job parked by returning `WaitForCallback` makes it `available`",
+     "no handler is waiting for it, so it runs again (same attempt count) and finds the payload in "
+     "`metadata[\"_awa_callback_result\"]`; awa-pg sets it `running` (ADR-021) with no handler left to continue it"),
+    ("`HandlerJob.register_callback` / `wait_for_callback` raise `AwaError`",
+     "a database-free stand-in has no callback to register; awa-pg's HandlerJob has no such methods"),
+]
+
 
 # Whole observations that differ on purpose, matched on ``<probe>.<observation>`` with
 # ``fnmatch`` patterns (first match wins), each with its reason. Used where a difference is not
@@ -334,7 +397,8 @@ def fmt(value: Any) -> str:
     return text.replace("|", "\\|").replace("\n", " ")[:160]
 
 
-def deliberate(a: Any, b: Any, where: str = "") -> str | None:
+def deliberate(a: Any, b: Any, probe: str = "", key: str = "") -> str | None:
+    where = f"{probe}.{key}" if key else probe
     if _only_value_error_added(a, b):
         return "awa.ValidationError is also a ValueError in ours (addition: `except ValueError` catches bad input)"
     for pattern, reason in DELIBERATE_PROBES:
@@ -342,6 +406,13 @@ def deliberate(a: Any, b: Any, where: str = "") -> str | None:
             return reason
     for ref_values, our_values, reason in DELIBERATE:
         if a in ref_values and b in our_values:
+            return reason
+    for entry in DELIBERATE_KEYS:
+        probe_glob, key_glob = entry[0], entry[1]
+        required, reason = (entry[2], entry[3]) if len(entry) == 4 else (None, entry[2])
+        if required is not None and a != required:
+            continue
+        if fnmatch.fnmatchcase(probe, probe_glob) and fnmatch.fnmatchcase(key, key_glob):
             return reason
     return None
 
@@ -359,7 +430,7 @@ def compare_probes(ref: dict[str, Any], ours: dict[str, Any]) -> tuple[list[tupl
             if va == vb:
                 continue
             what = "message" if key.endswith("message") else "type/value"
-            diffs.append((key, va, vb, what, deliberate(va, vb, f"{name}.{key}") or ""))
+            diffs.append((key, va, vb, what, deliberate(va, vb, name, key) or ""))
         if diffs:
             out.append((name, diffs))
         else:
@@ -418,6 +489,9 @@ def render(ref: dict[str, Any], ours: dict[str, Any]) -> str:
         for key, a, b, what, why in diffs:
             lines.append(f"| `{key or '(value)'}` | {fmt(a)} | {fmt(b)} | {what} | {why} |")
         lines.append("")
+    lines += ["## Deliberate differences the probe does not observe", "", "| difference | reason |", "|---|---|"]
+    lines += [f"| {what} | {why} |" for what, why in DELIBERATE_UNPROBED]
+    lines.append("")
     fa, fb = ref.get("foreign_schema"), ours.get("foreign_schema")
     if fa or fb:
         lines += ["## Foreign schema", "", "```json", json.dumps({"awa-pg": fa, "ours": fb}, indent=1), "```", ""]

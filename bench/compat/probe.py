@@ -90,6 +90,10 @@ def shape(value: Any, depth: int = 0) -> Any:
         return "None"
     if isinstance(value, bool):
         return f"bool:{value}"
+    # Before the enum and str checks: awa-pg's JobState is a native enum and ours a str Enum;
+    # both are described by their str() (the state's value), so the same state compares equal.
+    if type(value).__name__ == "JobState":
+        return f"JobState:{value}"
     if isinstance(value, enum.Enum):
         return f"{type(value).__name__}:{value.name}"
     if isinstance(value, (int, float, str, bytes)):
@@ -103,8 +107,6 @@ def shape(value: Any, depth: int = 0) -> Any:
         if depth >= 3:
             return {"dict": "...", "len": len(value)}
         return {"dict": {str(k): shape(v, depth + 1) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}}
-    if type(value).__name__ == "JobState":  # a native (PyO3) enum is not an enum.Enum
-        return f"JobState:{value}"
     if depth >= 2:
         return tname(value)
     attrs: dict[str, Any] = {}

@@ -26,8 +26,9 @@ from ._awa import (
 from ._client import AsyncClient, Client, SyncTransaction, Transaction
 from ._convert import MAX_JSON_DEPTH, derive_kind
 from ._job import Job
-from ._outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
-from ._results import DlqEntry, RetryFailedResult
+from ._migrations import current_migration_version, migrate, migrations, migrations_range, schema_patches
+from ._outcomes import CallbackToken, Cancel, RetryAfter, Snooze, WaitForCallback
+from ._results import DlqEntry, HealthCheck, QueueHealth, QueueStat, ResolveResult, RetryFailedResult
 from ._states import DEFAULT_UNIQUE_STATES, JobState, unique_states
 
 __version__ = _distribution_version("awa-queue")  # the installed distribution's, i.e. pyproject.toml's
@@ -39,6 +40,7 @@ _atexit.register(lambda: _awa.quiesce(50))
 __all__ = [
     "AsyncClient",
     "AwaError",
+    "CallbackToken",
     "Cancel",
     "CallbackNotFound",
     "Client",
@@ -46,10 +48,14 @@ __all__ = [
     "DEFAULT_UNIQUE_STATES",
     "DatabaseError",
     "DlqEntry",
+    "HealthCheck",
     "Job",
     "JobNotFound",
     "JobState",
     "MAX_JSON_DEPTH",
+    "QueueHealth",
+    "QueueStat",
+    "ResolveResult",
     "RetryAfter",
     "RetryFailedResult",
     "SchemaNotMigrated",
@@ -64,6 +70,11 @@ __all__ = [
     "ValidationError",
     "WaitForCallback",
     "__version__",
+    "current_migration_version",
     "derive_kind",
+    "migrate",
+    "migrations",
+    "migrations_range",
+    "schema_patches",
     "unique_states",
 ]

@@ -6,7 +6,7 @@ import asyncio
 import atexit
 import datetime as _dt
 import threading
-from typing import Any, Awaitable, Mapping, Optional, Sequence, TypeVar, cast
+from typing import Any, Awaitable, Mapping, Optional, Sequence, TypeVar, Union, cast
 
 import json
 import logging
@@ -17,7 +17,17 @@ from . import _cron
 from ._convert import OrderingKey, RunAt, build_request, checked_setting, copy_batch, derive_kind, json_text, run_at_text
 from ._dump import dump_job_text, dump_run_text
 from ._job import Job, job_from_json, jobs_from_json
-from ._results import DlqEntry, RetryFailedResult, dlq_entry_from_dict, retry_failed_result_from_dict
+from ._outcomes import CallbackToken, callback_id_of
+from ._results import (
+    DlqEntry,
+    HealthCheck,
+    QueueHealth,
+    QueueStat,
+    ResolveResult,
+    RetryFailedResult,
+    dlq_entry_from_dict,
+    retry_failed_result_from_dict,
+)
 from ._worker import Pump, TaskSpec
 from ._worker_config import start_config
 
@@ -229,6 +239,8 @@ class AsyncClient:
         self._tasks: dict[str, TaskSpec] = {}
         self._pump: Optional[Pump] = None
         self._periodic: dict[str, str] = {}  # name -> registration JSON (see _cron.py)
+        self._started_queues: dict[str, Optional[int]] = {}  # health_check's queues: name -> max_workers
+        self._shutting_down = False
         # Close the pool before the interpreter finalizes: native threads still holding
         # connections while the process exits can crash it.
         native = self._native
@@ -440,6 +452,10 @@ class AsyncClient:
                 "completion_batch": completion_batch,
             },
         )
+        self._started_queues = {
+            str(q.get("name")): None if q.get("max_workers") is None else int(q["max_workers"])
+            for q in config["queues"]
+        }
         _awa.set_log_level(max(logging.getLogger("awa").getEffectiveLevel(), 10))
         await _cron.upsert(self._native, self._periodic)
         native_worker = await self._native.start(json.dumps(config), list(self._tasks))
@@ -451,15 +467,55 @@ class AsyncClient:
         rest (their jobs are rescued later). Nothing is lost or finalized twice.
         ``timeout_ms`` is 0 to 30 days in milliseconds (``awa.ValidationError`` otherwise)."""
         timeout = int(checked_setting("timeout_ms", timeout_ms))
-        pump, self._pump = self._pump, None
+        pump = self._pump
         if pump is not None:
-            await pump.shutdown(timeout)
+            self._shutting_down = True
+            try:
+                await pump.shutdown(timeout)
+            finally:
+                self._pump, self._shutting_down = None, False
 
-    async def health_check(self) -> dict[str, Any]:
-        if self._pump is not None:
-            return cast("dict[str, Any]", json.loads(await self._pump._native.health_check()))
-        await self._native.execute("SELECT 1", [])
-        return {"database": True, "running": False, "leader": False, "in_flight": 0}
+    async def health_check(self) -> HealthCheck:
+        """The client's health, as awa-pg reports it (:class:`awa.HealthCheck`): a client whose
+        worker runs is ``healthy`` with one :class:`awa.QueueHealth` per configured queue; one
+        that never started (or has shut down) is not, though ``postgres_connected`` may be."""
+        pump = self._pump
+        if pump is None:
+            try:
+                version = await self._schema_version()
+                connected = True
+            except _awa.DatabaseError:
+                version, connected = 0, False
+            return HealthCheck(
+                healthy=False, postgres_connected=connected, poll_loop_alive=False,
+                heartbeat_alive=False, shutting_down=self._shutting_down, leader=False,
+                queues={}, schema_version=version,
+            )
+        native = json.loads(await pump._native.health_check())
+        available = {s.queue: s.available for s in await self.queue_stats()}
+        in_flight = pump.in_flight_by_queue()
+        queues = {
+            name: QueueHealth(in_flight=in_flight.get(name, 0), available=available.get(name, 0), max_workers=workers)
+            for name, workers in self._started_queues.items()
+        }
+        running = bool(native.get("running"))
+        connected = bool(native.get("database"))
+        return HealthCheck(
+            healthy=running and connected and not self._shutting_down,
+            postgres_connected=connected, poll_loop_alive=running, heartbeat_alive=running,
+            shutting_down=self._shutting_down, leader=bool(native.get("leader")), queues=queues,
+            schema_version=int(native.get("schema_version") or 0),
+        )
+
+    async def _schema_version(self) -> int:
+        tx = await self._native.transaction()
+        try:
+            row = await tx.fetch_optional(
+                "SELECT coalesce((SELECT max(version) FROM awa.schema_version), 0)::int AS v "
+                "WHERE to_regclass('awa.schema_version') IS NOT NULL", [])
+        finally:
+            await tx.rollback()
+        return 0 if row is None else int(row["v"])
 
     # ----- admin ----------------------------------------------------------------------------
 
@@ -491,8 +547,9 @@ class AsyncClient:
         """Cancel every job of ``queue`` that has not started; returns how many."""
         return cast("int", json.loads(await self._native.drain_queue(queue)))
 
-    async def queue_stats(self) -> list[dict[str, Any]]:
-        return cast("list[dict[str, Any]]", json.loads(await self._native.queue_stats()))
+    async def queue_stats(self) -> list[QueueStat]:
+        """One :class:`awa.QueueStat` per queue that holds jobs or has settings (paused)."""
+        return [QueueStat.from_native(d) for d in json.loads(await self._native.queue_stats())]
 
     async def flush_admin_metadata(self) -> None:
         """awa-pg recomputes cached admin counters here. Awa's ``queue_stats()`` counts live,
@@ -625,28 +682,53 @@ class AsyncClient:
 
     # ----- external callbacks ----------------------------------------------------------------
 
-    async def _callback(self, action: str, callback_id: str, payload: Any = None, error: Optional[str] = None,
-                        timeout_seconds: float = 3600) -> Job:
+    async def _callback(self, action: str, callback_id: Union[CallbackToken, str], payload: Any = None,
+                        error: Optional[str] = None, timeout_seconds: float = 3600) -> Job:
+        cid = callback_id_of(callback_id)
         payload_json = None if payload is None else json_text(payload, "payload")
-        return job_from_json(await self._native.callback(action, callback_id, payload_json, error, float(timeout_seconds)))
+        return job_from_json(await self._native.callback(action, cid, payload_json, error, float(timeout_seconds)))
 
-    async def complete_external(self, callback_id: str, payload: Any = None) -> Job:
+    async def complete_external(self, callback_id: Union[CallbackToken, str], payload: Any = None) -> Job:
+        """Complete the job waiting on ``callback_id`` (a malformed id is ``awa.ValidationError``,
+        an unknown one ``awa.CallbackNotFound``). A :class:`CallbackToken` works too."""
         return await self._callback("complete", callback_id, payload)
 
-    async def fail_external(self, callback_id: str, error: str) -> Job:
+    async def fail_external(self, callback_id: Union[CallbackToken, str], error: str) -> Job:
         return await self._callback("fail", callback_id, error=error)
 
-    async def retry_external(self, callback_id: str) -> Job:
+    async def retry_external(self, callback_id: Union[CallbackToken, str]) -> Job:
         return await self._callback("retry", callback_id)
 
-    async def resume_external(self, callback_id: str, payload: Any = None) -> Job:
+    async def resume_external(self, callback_id: Union[CallbackToken, str], payload: Any = None) -> Job:
+        """Deliver ``payload`` to the handler waiting on ``callback_id`` (ADR-021): a handler in
+        ``wait_for_callback`` continues and the returned job is ``running`` with the payload
+        under ``metadata["_awa_callback_result"]``; a job parked by returning
+        ``WaitForCallback`` becomes available again and its next attempt finds the payload
+        there."""
         return await self._callback("resume", callback_id, payload)
 
-    async def heartbeat_callback(self, callback_id: str, timeout_seconds: float = 3600) -> Job:
+    async def heartbeat_callback(self, callback_id: Union[CallbackToken, str], timeout_seconds: float = 3600) -> Job:
         """Extend a waiting job's callback timeout to ``timeout_seconds`` from now (more than
         0, at most 365 days; ``awa.ValidationError`` otherwise)."""
         seconds = checked_setting("timeout_seconds", timeout_seconds)
         return await self._callback("heartbeat", callback_id, timeout_seconds=seconds)
+
+    async def resolve_callback(
+        self, callback_id: Union[CallbackToken, str], payload: Any = None, default_action: str = "ignore",
+    ) -> ResolveResult:
+        """Resolve the callback with the CEL expressions its handler registered (see
+        ``Job.register_callback``), evaluated against ``payload``: ``filter`` false ignores it,
+        ``on_fail`` true fails the job, ``on_complete`` true completes it (returning the
+        ``transform``ed payload); otherwise, or with no expressions, ``default_action``
+        (``"complete"``, ``"fail"`` or ``"ignore"``) decides. An ignored callback leaves the
+        job waiting. An expression that errors at run time counts as not matching (a
+        ``filter`` error lets the payload through)."""
+        if default_action not in ("complete", "fail", "ignore"):
+            raise _awa.ValidationError(
+                f"default_action must be 'complete', 'fail' or 'ignore', got {default_action!r}")
+        cid = callback_id_of(callback_id)
+        payload_json = None if payload is None else json_text(payload, "payload")
+        return ResolveResult.from_native(json.loads(await self._native.resolve_callback(cid, payload_json, default_action)))
 
     def metrics(self) -> dict[str, int]:
         """Engine counters of this process."""
@@ -1183,5 +1265,5 @@ class Client:
 # Forwarded through __getattr__ (the rest of the blocking surface is real methods above).
 _BLOCKING_MIRRORED = frozenset({
     "start", "shutdown", "health_check", "cancel_by_unique_key", "complete_external",
-    "fail_external", "retry_external", "resume_external", "heartbeat_callback",
+    "fail_external", "retry_external", "resume_external", "heartbeat_callback", "resolve_callback",
 })

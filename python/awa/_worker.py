@@ -20,7 +20,7 @@ import traceback as _tb
 from typing import Any, Awaitable, Callable, Optional
 
 from . import _awa
-from ._job import Job
+from ._job import Job, parse_timestamp
 from ._outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 
 __all__ = ["TaskSpec", "run_handler", "rebuild_args", "Pump"]
@@ -92,8 +92,9 @@ async def run_handler(ctx: Any, spec: TaskSpec, raw: Optional[dict[str, Any]] = 
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     deadline_handle = None
-    if job.deadline is not None and task is not None:
-        remaining = job.deadline.timestamp() - time.time()
+    deadline = parse_timestamp(job.deadline)
+    if deadline is not None and task is not None:
+        remaining = deadline.timestamp() - time.time()
         deadline_handle = loop.call_later(max(remaining, 0.0), task.cancel)
     try:
         result = await spec.handler(job)
@@ -123,6 +124,7 @@ class Pump:
         self._tasks = tasks
         self._batch = batch
         self._running: set[asyncio.Task[None]] = set()
+        self._queue_of: dict[asyncio.Task[None], str] = {}  # running task -> its job's queue
         self._pump_task: Optional[asyncio.Task[None]] = None
 
     def start(self) -> None:
@@ -142,7 +144,19 @@ class Pump:
                     continue
                 t = loop.create_task(run_handler(ctx, spec, raw))
                 self._running.add(t)
-                t.add_done_callback(self._running.discard)
+                self._queue_of[t] = str(raw.get("queue", spec.queue))
+                t.add_done_callback(self._task_done)
+
+    def _task_done(self, task: "asyncio.Task[None]") -> None:
+        self._running.discard(task)
+        self._queue_of.pop(task, None)
+
+    def in_flight_by_queue(self) -> dict[str, int]:
+        """How many handlers of this worker are running, per queue (for health_check)."""
+        out: dict[str, int] = {}
+        for queue in self._queue_of.values():
+            out[queue] = out.get(queue, 0) + 1
+        return out
 
     async def shutdown(self, timeout_ms: int) -> None:
         # Rust stops claiming, waits for running handlers (they keep running on this loop

@@ -124,13 +124,17 @@ impl JobContext {
         buf.value.clone()
     }
 
-    /// Set progress: `{"percent": p, "message": m}` merged into the progress document.
+    /// Set progress: `{"percent": p, "message": m}` merged into the progress document. As in
+    /// awa-pg the percent is a whole number: clamped to 0..=100 and rounded (NaN is 0).
     pub fn set_progress(&self, percent: f64, message: Option<&str>) -> Result<(), crate::AwaError> {
         let mut patch = serde_json::Map::new();
-        patch.insert(
-            "percent".into(),
-            serde_json::json!(percent.clamp(0.0, 100.0)),
-        );
+        let whole = if percent.is_nan() {
+            0
+        } else {
+            // In 0..=100 after the clamp, so the cast is exact.
+            percent.clamp(0.0, 100.0).round() as i64
+        };
+        patch.insert("percent".into(), serde_json::json!(whole));
         if let Some(m) = message {
             patch.insert("message".into(), serde_json::Value::String(m.to_string()));
         }
@@ -202,6 +206,24 @@ impl JobContext {
             self.job.id,
             self.job.run_lease,
             timeout,
+        )
+        .await
+    }
+
+    /// Register a callback with CEL rules for `resolve_callback` (see
+    /// [`crate::model::callback_rules`]); a bad expression is refused before anything is
+    /// registered.
+    pub async fn register_callback_with(
+        &self,
+        timeout: std::time::Duration,
+        rules: &crate::model::CallbackRules,
+    ) -> Result<CallbackToken, crate::AwaError> {
+        crate::storage::callbacks::register_callback_with(
+            &self.pool,
+            self.job.id,
+            self.job.run_lease,
+            timeout,
+            rules,
         )
         .await
     }

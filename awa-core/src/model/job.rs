@@ -13,15 +13,17 @@ pub(crate) const JOB_COLUMNS: &str =
     tags, unique_key, unique_states, callback_id::text AS callback_id, callback_timeout_at, \
     run_lease, progress, ordering_key";
 
-/// Timestamps serialize as `YYYY-MM-DDTHH:MM:SS.ffffff+00:00`: microseconds (PostgreSQL's
-/// precision) and an explicit offset, which every supported Python parses with
-/// `datetime.fromisoformat` directly — the hot path of handing jobs to Python.
+/// Timestamps serialize as RFC 3339 text exactly as awa-pg's `Job` shows them (chrono's
+/// `to_rfc3339`): an explicit `+00:00` offset and as many fractional digits as needed (none,
+/// 3 or 6: PostgreSQL keeps microseconds), e.g. `2026-12-03T13:28:23.620739+00:00` or
+/// `2099-01-01T00:00:00+00:00`. The Python `Job` hands these strings out unchanged, and every
+/// supported Python parses them with `datetime.fromisoformat`.
 pub(crate) mod ts {
     use chrono::{DateTime, SecondsFormat, Utc};
     use serde::{Deserialize, Deserializer, Serializer};
 
     fn text(t: &DateTime<Utc>) -> String {
-        t.to_rfc3339_opts(SecondsFormat::Micros, false)
+        t.to_rfc3339_opts(SecondsFormat::AutoSi, false)
     }
 
     pub fn serialize<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {

@@ -1,5 +1,6 @@
 //! The data model: job rows and states, insert options, kind derivation and validation.
 
+pub mod callback_rules;
 pub(crate) mod job;
 mod kind;
 mod opts;
@@ -7,6 +8,7 @@ mod request;
 mod state;
 pub(crate) mod validate;
 
+pub use callback_rules::{CallbackRules, Decision, DefaultAction};
 pub use job::{JobError as JobErrorEntry, JobRow};
 pub use kind::derive_kind;
 pub use opts::{EnqueueRequest, InsertOpts, JobArgs, UniqueOpts};

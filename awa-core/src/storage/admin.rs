@@ -225,31 +225,46 @@ pub async fn drain_queue<'e, E: PgExecutor<'e>>(executor: E, queue: &str) -> Res
     .rows_affected())
 }
 
-/// Per-queue counts by state.
+/// Per-queue counts by state, plus what awa-pg's `QueueStat` shows: completions in the last
+/// hour and the age of the oldest available job.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct QueueStats {
     pub queue: String,
     pub paused: bool,
     pub counts: std::collections::BTreeMap<String, i64>,
+    pub completed_last_hour: i64,
+    /// Seconds since the oldest available job became runnable; None when none is available.
+    pub lag_seconds: Option<f64>,
 }
 
 pub async fn queue_stats<'e, E: PgExecutor<'e>>(executor: E) -> Result<Vec<QueueStats>> {
-    let rows: Vec<(String, Option<String>, Option<i64>, bool)> = sqlx::query_as(
+    type Row = (String, Option<String>, Option<i64>, bool, i64, Option<f64>);
+    let rows: Vec<Row> = sqlx::query_as(
         "WITH counts AS (SELECT queue, state, count(*) AS n FROM awa.jobs GROUP BY queue, state),
+              recent AS (SELECT queue,
+                                count(*) FILTER (WHERE state = 'completed'
+                                                 AND finalized_at > now() - interval '1 hour') AS done,
+                                extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'available'))::float8 AS lag
+                         FROM awa.jobs GROUP BY queue),
               queues AS (SELECT queue FROM counts UNION SELECT queue FROM awa.queue_meta)
-         SELECT q.queue, c.state, c.n, coalesce(m.paused, false)
-         FROM queues q LEFT JOIN counts c ON c.queue = q.queue LEFT JOIN awa.queue_meta m ON m.queue = q.queue
+         SELECT q.queue, c.state, c.n, coalesce(m.paused, false), coalesce(r.done, 0),
+                CASE WHEN r.lag IS NOT NULL THEN greatest(r.lag, 0) END
+         FROM queues q LEFT JOIN counts c ON c.queue = q.queue
+              LEFT JOIN awa.queue_meta m ON m.queue = q.queue
+              LEFT JOIN recent r ON r.queue = q.queue
          ORDER BY q.queue",
     )
     .fetch_all(executor)
     .await?;
     let mut out: Vec<QueueStats> = Vec::new();
-    for (queue, state, n, paused) in rows {
+    for (queue, state, n, paused, done, lag) in rows {
         if out.last().map(|s| s.queue != queue).unwrap_or(true) {
             out.push(QueueStats {
                 queue: queue.clone(),
                 paused,
                 counts: Default::default(),
+                completed_last_hour: done,
+                lag_seconds: lag,
             });
         }
         if let (Some(state), Some(n), Some(last)) = (state, n, out.last_mut()) {

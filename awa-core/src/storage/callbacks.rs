@@ -7,6 +7,7 @@
 
 use crate::error::{AwaError, Result};
 use crate::executor::context::CallbackToken;
+use crate::model::callback_rules::{self, CallbackRules, Decision, DefaultAction};
 use crate::model::job::JOB_COLUMNS;
 use crate::model::JobRow;
 use crate::specs::{SpecEvent, Specs};
@@ -26,15 +27,39 @@ pub async fn register_callback(
     lease: i64,
     timeout: Duration,
 ) -> Result<CallbackToken> {
+    register_callback_with(pool, job_id, lease, timeout, &CallbackRules::default()).await
+}
+
+/// Register a callback with CEL `rules` for `resolve_callback` (compiled first: a bad
+/// expression is [`AwaError::Config`], nothing is registered). The rules are stored with the
+/// new callback id, so they apply to this callback only.
+pub async fn register_callback_with(
+    pool: &Db,
+    job_id: i64,
+    lease: i64,
+    timeout: Duration,
+    rules: &CallbackRules,
+) -> Result<CallbackToken> {
+    rules.validate()?;
+    let rules_json = if rules.is_empty() {
+        None
+    } else {
+        Some(serde_json::to_value(rules)?)
+    };
     let id: Option<String> = sqlx::query_scalar(
-        "UPDATE awa.jobs SET callback_id = gen_random_uuid(), callback_result = NULL,
-             callback_timeout_at = now() + make_interval(secs => $3)
-         WHERE id = $1 AND run_lease = $2 AND state = 'running'
-         RETURNING callback_id::text",
+        "WITH new AS (SELECT gen_random_uuid() AS id)
+         UPDATE awa.jobs SET callback_id = new.id, callback_result = NULL,
+             callback_timeout_at = now() + make_interval(secs => $3),
+             callback_rules = CASE WHEN $4::jsonb IS NULL THEN NULL
+                 ELSE $4::jsonb || jsonb_build_object('callback_id', new.id::text) END
+         FROM new
+         WHERE awa.jobs.id = $1 AND run_lease = $2 AND state = 'running'
+         RETURNING new.id::text",
     )
     .bind(job_id)
     .bind(lease)
     .bind(timeout.as_secs_f64())
+    .bind(rules_json)
     .fetch_optional(pool)
     .await?;
     id.map(CallbackToken).ok_or_else(|| {
@@ -44,8 +69,9 @@ pub async fn register_callback(
     })
 }
 
+/// A callback id must be a UUID (`8-4-4-4-12` hex digits); anything else is a bad request
+/// ([`AwaError::Config`], `awa.ValidationError`), as in awa-pg, not an unknown callback.
 fn parse_uuid_text(callback_id: &str) -> Result<&str> {
-    // Validate the shape here so a malformed id is "not found", not a database error.
     let ok = callback_id.len() == 36
         && callback_id.chars().enumerate().all(|(i, c)| {
             if [8, 13, 18, 23].contains(&i) {
@@ -57,7 +83,10 @@ fn parse_uuid_text(callback_id: &str) -> Result<&str> {
     if ok {
         Ok(callback_id)
     } else {
-        Err(AwaError::CallbackNotFound(callback_id.to_string()))
+        let shown: String = callback_id.chars().take(64).collect();
+        Err(AwaError::Config(format!(
+            "invalid callback id {shown:?}: expected a UUID (8-4-4-4-12 hex digits)"
+        )))
     }
 }
 
@@ -101,8 +130,19 @@ pub async fn complete_external(
 ) -> Result<JobRow> {
     let id = parse_uuid_text(callback_id)?;
     let mut tx = pool.begin().await?;
+    let job = complete_in(&mut tx, specs, id, payload).await?;
+    tx.commit().await?;
+    Ok(job)
+}
+
+async fn complete_in(
+    tx: &mut PgConnection,
+    specs: &Specs,
+    id: &str,
+    payload: Option<serde_json::Value>,
+) -> Result<JobRow> {
     let job = resolve(
-        &mut tx,
+        &mut *tx,
         id,
         "state = 'completed', finalized_at = now(), progress = NULL, heartbeat_at = NULL, \
          callback_id = NULL, callback_timeout_at = NULL, \
@@ -112,10 +152,9 @@ pub async fn complete_external(
     )
     .await?;
     for follow_up in specs.follow_ups(&job, SpecEvent::Completed)? {
-        insert_follow_up_in_tx(&mut tx, &follow_up, false).await?;
+        insert_follow_up_in_tx(&mut *tx, &follow_up, false).await?;
     }
-    notify_callback(&mut tx, id).await?;
-    tx.commit().await?;
+    notify_callback(&mut *tx, id).await?;
     Ok(job)
 }
 
@@ -128,8 +167,14 @@ pub async fn fail_external(
 ) -> Result<JobRow> {
     let id = parse_uuid_text(callback_id)?;
     let mut tx = pool.begin().await?;
+    let job = fail_in(&mut tx, specs, id, error).await?;
+    tx.commit().await?;
+    Ok(job)
+}
+
+async fn fail_in(tx: &mut PgConnection, specs: &Specs, id: &str, error: &str) -> Result<JobRow> {
     let job = resolve(
-        &mut tx,
+        &mut *tx,
         id,
         "state = 'failed', finalized_at = now(), heartbeat_at = NULL, \
          callback_id = NULL, callback_timeout_at = NULL, callback_result = NULL, \
@@ -139,12 +184,81 @@ pub async fn fail_external(
     )
     .await?;
     for follow_up in specs.follow_ups(&job, SpecEvent::Exhausted)? {
-        insert_follow_up_in_tx(&mut tx, &follow_up, false).await?;
+        insert_follow_up_in_tx(&mut *tx, &follow_up, false).await?;
     }
-    crate::storage::dlq::move_failed_where_enabled(&mut tx, &[job.id], error).await?;
-    notify_callback(&mut tx, id).await?;
-    tx.commit().await?;
+    crate::storage::dlq::move_failed_where_enabled(&mut *tx, &[job.id], error).await?;
+    notify_callback(&mut *tx, id).await?;
     Ok(job)
+}
+
+/// What [`resolve_callback`] did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Resolution {
+    /// `completed`, `failed` or `ignored`.
+    pub outcome: &'static str,
+    /// The job after the change; None when ignored.
+    pub job: Option<JobRow>,
+    /// What completion returned (after `transform`); None otherwise.
+    pub payload: Option<serde_json::Value>,
+    /// Why the payload was ignored.
+    pub reason: Option<String>,
+}
+
+/// Resolve the callback with the CEL rules its handler registered
+/// ([`callback_rules::decide`]): complete or fail the job exactly as `complete_external` /
+/// `fail_external` do, or leave it waiting (ignored). The job row is locked while the rules
+/// are evaluated, so two resolutions of one callback cannot both act.
+pub async fn resolve_callback(
+    pool: &Db,
+    specs: &Specs,
+    callback_id: &str,
+    payload: Option<serde_json::Value>,
+    default: DefaultAction,
+) -> Result<Resolution> {
+    let id = parse_uuid_text(callback_id)?;
+    let mut tx = pool.begin().await?;
+    let stored: Option<Option<serde_json::Value>> = sqlx::query_scalar(
+        "SELECT CASE WHEN callback_rules->>'callback_id' = callback_id::text
+                     THEN callback_rules - 'callback_id' END
+         FROM awa.jobs
+         WHERE callback_id = $1::uuid AND state IN ('waiting_external', 'running')
+         FOR UPDATE",
+    )
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(stored) = stored else {
+        return Err(AwaError::CallbackNotFound(id.to_string()));
+    };
+    let rules: Option<CallbackRules> = stored.map(serde_json::from_value).transpose()?;
+    let resolution = match callback_rules::decide(rules.as_ref(), payload.as_ref(), default) {
+        Decision::Complete(result) => {
+            let job = complete_in(&mut tx, specs, id, result.clone()).await?;
+            Resolution {
+                outcome: "completed",
+                job: Some(job),
+                payload: result,
+                reason: None,
+            }
+        }
+        Decision::Fail(error) => {
+            let job = fail_in(&mut tx, specs, id, &error).await?;
+            Resolution {
+                outcome: "failed",
+                job: Some(job),
+                payload: None,
+                reason: None,
+            }
+        }
+        Decision::Ignore(reason) => Resolution {
+            outcome: "ignored",
+            job: None,
+            payload: None,
+            reason: Some(reason),
+        },
+    };
+    tx.commit().await?;
+    Ok(resolution)
 }
 
 /// Make the job waiting on `callback_id` retryable now (a new attempt will run).
@@ -167,7 +281,10 @@ pub async fn retry_external(pool: &Db, callback_id: &str) -> Result<JobRow> {
 
 /// Deliver `payload` to the handler waiting on `callback_id`. A handler waiting in
 /// `wait_for_callback` continues under the same lease (even if the resume arrived before it
-/// started waiting); a job parked by returning `WaitForCallback` becomes available again.
+/// started waiting): the job stays `running` with the payload under
+/// `metadata["_awa_callback_result"]` (ADR-021) until the wait takes it. A job parked by
+/// returning `WaitForCallback` becomes available again, the payload in the same key for its
+/// next attempt.
 pub async fn resume_external(
     pool: &Db,
     callback_id: &str,
@@ -177,6 +294,7 @@ pub async fn resume_external(
     let mut tx = pool.begin().await?;
     let job = resolve(&mut tx, id, "callback_result = jsonb_build_object(\
              'callback_id', $1::text, 'payload', coalesce($2::jsonb, 'null'::jsonb)), \
+         metadata = metadata || jsonb_build_object('_awa_callback_result', coalesce($2::jsonb, 'null'::jsonb)), \
          callback_id = NULL, callback_timeout_at = NULL, \
          state = CASE WHEN state = 'waiting_external' THEN 'available' ELSE state END, \
          run_at = CASE WHEN state = 'waiting_external' THEN now() ELSE run_at END, \
@@ -232,7 +350,8 @@ pub(crate) async fn poll_wait(
     token: &str,
 ) -> Result<WaitState> {
     let taken: Option<serde_json::Value> = sqlx::query_scalar(
-        "UPDATE awa.jobs j SET callback_result = NULL
+        "UPDATE awa.jobs j SET callback_result = NULL,
+             metadata = j.metadata - '_awa_callback_result'
          FROM (SELECT id, callback_result AS old FROM awa.jobs WHERE id = $1 FOR UPDATE) o
          WHERE j.id = o.id AND j.run_lease = $2 AND j.state = 'running'
            AND o.old->>'callback_id' = $3

@@ -31,7 +31,33 @@ const MIGRATIONS: &[(i32, &str)] = &[
     ),
     (5, include_str!("../../migrations/0005_cron.sql")),
     (6, include_str!("../../migrations/0006_admin_surface.sql")),
+    (8, include_str!("../../migrations/0008_callback_rules.sql")),
 ];
+
+/// Every migration as `(version, description, sql)`, oldest first, as awa-pg's
+/// `migrations()` lists them; the description is the file's first comment line.
+pub fn migrations() -> Vec<(i32, String, &'static str)> {
+    MIGRATIONS
+        .iter()
+        .map(|(v, sql)| (*v, describe(sql), *sql))
+        .collect()
+}
+
+/// The migrations after `from` up to and including `to` (awa-pg's `migrations_range`).
+pub fn migrations_range(from: i32, to: i32) -> Vec<(i32, String, &'static str)> {
+    migrations()
+        .into_iter()
+        .filter(|(v, _, _)| *v > from && *v <= to)
+        .collect()
+}
+
+fn describe(sql: &str) -> String {
+    let first = sql.lines().next().unwrap_or_default();
+    let text = first.trim_start_matches('-').trim();
+    // "Awa schema version 5: periodic (cron) jobs." -> "periodic (cron) jobs"
+    let text = text.split_once(": ").map_or(text, |(_, rest)| rest);
+    text.trim_end_matches('.').to_string()
+}
 
 /// Advisory lock key serializing migrations ("awa_migrate" folded into an i64).
 const MIGRATE_LOCK: i64 = 0x6177_615f_6d69_6772;

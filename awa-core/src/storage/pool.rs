@@ -506,6 +506,30 @@ impl<'p> Executor<'p> for &'_ Db {
     }
 }
 
+/// How long [`close_pool`] waits for connections still being handed back.
+const CLOSE_SETTLE: Duration = Duration::from_secs(5);
+
+/// Close `pool` and every connection it holds.
+///
+/// sqlx 0.8.6's `Pool::close` can return while a connection is still open. A connection
+/// handed back to the pool is first pinged (one round trip) and only then pushed to the idle
+/// queue; `close` pops the idle queue and then waits for every permit, but closing an idle
+/// connection gives back a permit that connection did not hold, so the wait can end while
+/// another connection is still in its ping, and that one then lands in the idle queue of a
+/// closed pool and stays there, an idle server backend, for as long as the pool value lives.
+/// Measured: half of the clients that ran two statements and closed kept a backend, and a
+/// full run of the Python suite climbed to 150 of them, past `max_connections`. So: close,
+/// then close again until the pool counts no connection (new acquires already fail), for at
+/// most [`CLOSE_SETTLE`] in case a caller still holds one.
+pub async fn close_pool(pool: &sqlx::PgPool) {
+    pool.close().await;
+    let deadline = tokio::time::Instant::now() + CLOSE_SETTLE;
+    while pool.size() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        pool.close().await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -542,29 +566,5 @@ mod tests {
             assert!(!text.contains("s3cret"), "{url}: {text}");
             assert!(text.starts_with("invalid database URL"), "{url}: {text}");
         }
-    }
-}
-
-/// How long [`close_pool`] waits for connections still being handed back.
-const CLOSE_SETTLE: Duration = Duration::from_secs(5);
-
-/// Close `pool` and every connection it holds.
-///
-/// sqlx 0.8.6's `Pool::close` can return while a connection is still open. A connection
-/// handed back to the pool is first pinged (one round trip) and only then pushed to the idle
-/// queue; `close` pops the idle queue and then waits for every permit, but closing an idle
-/// connection gives back a permit that connection did not hold, so the wait can end while
-/// another connection is still in its ping, and that one then lands in the idle queue of a
-/// closed pool and stays there, an idle server backend, for as long as the pool value lives.
-/// Measured: half of the clients that ran two statements and closed kept a backend, and a
-/// full run of the Python suite climbed to 150 of them, past `max_connections`. So: close,
-/// then close again until the pool counts no connection (new acquires already fail), for at
-/// most [`CLOSE_SETTLE`] in case a caller still holds one.
-pub async fn close_pool(pool: &sqlx::PgPool) {
-    pool.close().await;
-    let deadline = tokio::time::Instant::now() + CLOSE_SETTLE;
-    while pool.size() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        pool.close().await;
     }
 }
