@@ -219,6 +219,7 @@ impl Client {
         if self.inner.queues.is_empty() {
             return Err(AwaError::Config("no queues configured".into()));
         }
+        crate::storage::foreign::refuse_foreign(&self.inner.pool).await?;
         crate::cron::upsert(&self.inner.pool, &self.inner.periodic).await?;
         for (name, qc) in &self.inner.queues {
             if qc.dlq {

@@ -4,7 +4,7 @@ from typing import Any, Awaitable, Optional, final
 
 
 __all__ = [
-    "AwaError", "UniqueConflict", "SchemaNotMigrated", "UnknownJobKind", "SerializationError",
+    "AwaError", "UniqueConflict", "SchemaNotMigrated", "ForeignSchema", "UnknownJobKind", "SerializationError",
     "ValidationError", "TerminalError", "StagingError", "DatabaseError", "CallbackNotFound",
     "JobNotFound", "NativeClient", "NativeTransaction", "NativeWorker", "NativeJobContext",
     "NativeTestRun", "set_log_level", "stage_check", "check_setting", "quiesce",
@@ -28,6 +28,10 @@ class UniqueConflict(AwaError): ...
 
 class SchemaNotMigrated(AwaError):
     """Awa's own schema (or an object in it) is missing; the message carries PostgreSQL's."""
+
+class ForeignSchema(SchemaNotMigrated):
+    """The database's ``awa`` schema was created by awa-pg; Awa neither migrates nor uses it.
+    The message names what was found (awa-pg, its schema version) and what to do."""
 
 class UnknownJobKind(AwaError):
     """No handler is registered for the job's kind. A claimed job of such a kind fails with

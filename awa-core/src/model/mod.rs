@@ -5,6 +5,7 @@ mod kind;
 mod opts;
 mod request;
 mod state;
+pub mod unique_key;
 pub(crate) mod validate;
 
 pub use job::{JobError as JobErrorEntry, JobRow};

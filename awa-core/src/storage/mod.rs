@@ -6,7 +6,9 @@ pub mod callbacks;
 pub mod claim;
 pub mod copy;
 pub mod dlq;
+pub mod foreign;
 pub mod insert;
+pub mod key_rewrite;
 pub mod migrations;
 pub mod pool;
 
