@@ -237,6 +237,44 @@ pub(crate) fn check_setting(field: &str, value: f64) -> PyResult<f64> {
 #[pyclass(module = "awa._awa")]
 pub struct NativeClient {
     pub(crate) pool: PgPool,
+    /// Set once this client has seen that the database's `awa` schema is not a foreign one.
+    schema_checked: Arc<tokio::sync::OnceCell<()>>,
+}
+
+impl NativeClient {
+    /// `bridge::spawn`, after refusing a foreign `awa` schema (awa-pg's, issue 13 item 8) with
+    /// `awa.ForeignSchema`. The check is one catalog query, run before this client's first
+    /// database call and remembered once it passed; while it fails it runs again on every
+    /// call, so each call raises the same clear error instead of a missing-column one.
+    fn spawn<'py, F, T>(&self, py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+    where
+        F: std::future::Future<Output = PyResult<T>> + Send + 'static,
+        T: for<'a> IntoPyObject<'a> + Send + 'static,
+    {
+        let (pool, checked) = (self.pool.clone(), self.schema_checked.clone());
+        bridge::spawn(py, async move {
+            checked
+                .get_or_try_init(|| awa_core::storage::foreign::refuse_foreign(&pool))
+                .await
+                .py_err()?;
+            fut.await
+        })
+    }
+
+    /// [`json_future`] behind the same check as [`NativeClient::spawn`].
+    fn json_future<'py, F, T>(&self, py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+    where
+        F: std::future::Future<Output = Result<T, AwaError>> + Send + 'static,
+        T: serde::Serialize + Send + 'static,
+    {
+        let (pool, checked) = (self.pool.clone(), self.schema_checked.clone());
+        json_future(py, async move {
+            checked
+                .get_or_try_init(|| awa_core::storage::foreign::refuse_foreign(&pool))
+                .await?;
+            fut.await
+        })
+    }
 }
 
 #[pymethods]
@@ -251,7 +289,10 @@ impl NativeClient {
             .connect_lazy(database_url)
             .map_err(AwaError::from)
             .py_err()?;
-        Ok(NativeClient { pool })
+        Ok(NativeClient {
+            pool,
+            schema_checked: Arc::default(),
+        })
     }
 
     fn migrate<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
@@ -267,7 +308,7 @@ impl NativeClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let jobs = parse_requests(&requests)?;
         let pool = self.pool.clone();
-        bridge::spawn(py, async move {
+        self.spawn(py, async move {
             let rows = awa_core::insert_jobs(&pool, &jobs).await.py_err()?;
             jobs_json(&rows)
         })
@@ -287,7 +328,7 @@ impl NativeClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let batch = CopyBatch::new(kinds, args_json, options_json, own_options);
         let pool = self.pool.clone();
-        bridge::spawn(py, async move {
+        self.spawn(py, async move {
             join(tokio::spawn(async move {
                 let jobs = batch.into_jobs()?;
                 if jobs.is_empty() {
@@ -302,7 +343,7 @@ impl NativeClient {
 
     fn get_job<'py>(&self, py: Python<'py>, job_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        bridge::spawn(py, async move {
+        self.spawn(py, async move {
             let job = awa_core::get_job(&pool, job_id).await.py_err()?;
             job_json(&job)
         })
@@ -328,7 +369,7 @@ impl NativeClient {
             limit: Some(limit),
         };
         let pool = self.pool.clone();
-        bridge::spawn(py, async move {
+        self.spawn(py, async move {
             let jobs = awa_core::list_jobs(&pool, &filter).await.py_err()?;
             jobs_json(&jobs)
         })
@@ -337,7 +378,7 @@ impl NativeClient {
     /// Open a transaction.
     fn transaction<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        bridge::spawn(py, async move {
+        self.spawn(py, async move {
             let tx = pool.begin().await.map_err(AwaError::from).py_err()?;
             Ok(NativeTransaction::new(tx))
         })
@@ -356,7 +397,7 @@ impl NativeClient {
             .map(Param::extract)
             .collect::<PyResult<Vec<_>>>()?;
         let pool = self.pool.clone();
-        bridge::spawn(py, async move {
+        self.spawn(py, async move {
             let mut q = sqlx::query(&sql);
             for p in params {
                 q = p.bind(q);
@@ -391,7 +432,7 @@ impl NativeClient {
             builder = builder.register_erased(kind, bridge.clone());
         }
         let client = builder.build().py_err()?;
-        bridge::spawn(py, async move {
+        self.spawn(py, async move {
             client.start().await.py_err()?;
             Ok(crate::worker::NativeWorker {
                 client,
@@ -404,7 +445,7 @@ impl NativeClient {
 
     fn cancel<'py>(&self, py: Python<'py>, job_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move { admin::cancel(&pool, job_id).await })
+        self.json_future(py, async move { admin::cancel(&pool, job_id).await })
     }
 
     /// Cancel the unfinished job holding the key the request (JSON) would have.
@@ -418,7 +459,36 @@ impl NativeClient {
             crate::errors::ValidationError::new_err("cancel_by_unique_key needs unique_opts")
         })?;
         let pool = self.pool.clone();
-        json_future(
+        self.json_future(
+            py,
+            async move { admin::cancel_by_unique_key(&pool, &key).await },
+        )
+    }
+
+    /// Cancel the unfinished job holding the key built from exactly these parts (awa-pg's
+    /// `cancel_by_unique_key(kind, *, queue, args, period_bucket)`; docs/unique-keys.md).
+    #[pyo3(signature = (kind, queue = None, args_json = None, period_bucket = None))]
+    fn cancel_by_unique_parts<'py>(
+        &self,
+        py: Python<'py>,
+        kind: String,
+        queue: Option<String>,
+        args_json: Option<String>,
+        period_bucket: Option<i64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let args = args_json
+            .map(|text| serde_json::from_str::<serde_json::Value>(&text))
+            .transpose()
+            .map_err(AwaError::from)
+            .py_err()?;
+        let key = awa_core::model::unique_key::compute(awa_core::model::unique_key::KeyParts {
+            kind: &kind,
+            queue: queue.as_deref(),
+            args: args.as_ref(),
+            period_bucket,
+        });
+        let pool = self.pool.clone();
+        self.json_future(
             py,
             async move { admin::cancel_by_unique_key(&pool, &key).await },
         )
@@ -426,7 +496,7 @@ impl NativeClient {
 
     fn retry<'py>(&self, py: Python<'py>, job_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move { admin::retry(&pool, job_id).await })
+        self.json_future(py, async move { admin::retry(&pool, job_id).await })
     }
 
     fn set_queue_paused<'py>(
@@ -436,19 +506,19 @@ impl NativeClient {
         paused: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move {
+        self.json_future(py, async move {
             admin::set_queue_paused(&pool, &queue, paused).await
         })
     }
 
     fn drain_queue<'py>(&self, py: Python<'py>, queue: String) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move { admin::drain_queue(&pool, &queue).await })
+        self.json_future(py, async move { admin::drain_queue(&pool, &queue).await })
     }
 
     fn queue_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move { admin::queue_stats(&pool).await })
+        self.json_future(py, async move { admin::queue_stats(&pool).await })
     }
 
     #[pyo3(signature = (kind = None, queue = None))]
@@ -459,7 +529,7 @@ impl NativeClient {
         queue: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move {
+        self.json_future(py, async move {
             admin::retry_failed(&pool, kind.as_deref(), queue.as_deref()).await
         })
     }
@@ -472,7 +542,7 @@ impl NativeClient {
         queue: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move {
+        self.json_future(py, async move {
             admin::discard_failed(&pool, kind.as_deref(), queue.as_deref()).await
         })
     }
@@ -485,14 +555,14 @@ impl NativeClient {
         limit: i64,
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move {
+        self.json_future(py, async move {
             dlq::list_dlq(&pool, queue.as_deref(), limit).await
         })
     }
 
     fn get_dlq_job<'py>(&self, py: Python<'py>, job_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move { dlq::get_dlq_job(&pool, job_id).await })
+        self.json_future(py, async move { dlq::get_dlq_job(&pool, job_id).await })
     }
 
     #[pyo3(signature = (queue = None))]
@@ -502,7 +572,7 @@ impl NativeClient {
         queue: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(
+        self.json_future(
             py,
             async move { dlq::dlq_depth(&pool, queue.as_deref()).await },
         )
@@ -510,7 +580,7 @@ impl NativeClient {
 
     fn retry_from_dlq<'py>(&self, py: Python<'py>, job_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move { dlq::retry_from_dlq(&pool, job_id).await })
+        self.json_future(py, async move { dlq::retry_from_dlq(&pool, job_id).await })
     }
 
     #[pyo3(signature = (queue = None))]
@@ -520,7 +590,7 @@ impl NativeClient {
         queue: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(
+        self.json_future(
             py,
             async move { dlq::purge_dlq(&pool, queue.as_deref()).await },
         )
@@ -543,7 +613,7 @@ impl NativeClient {
             .map_err(AwaError::from)
             .py_err()?;
         let pool = self.pool.clone();
-        json_future(py, async move {
+        self.json_future(py, async move {
             // Registered specs are Rust-only; from Python, external completion fires none.
             let specs = awa_core::specs::Specs::default();
             match action.as_str() {
@@ -587,7 +657,7 @@ impl NativeClient {
         kind: String,
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        bridge::spawn(py, async move {
+        self.spawn(py, async move {
             let (bridge, mut rx) = crate::worker::bridge();
             let specs = awa_core::specs::Specs::default();
             let mut run = tokio::spawn(async move {

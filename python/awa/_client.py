@@ -13,7 +13,7 @@ import logging
 
 from . import _awa
 from . import _cron
-from ._convert import build_request, checked_setting, copy_batch, derive_kind, json_text
+from ._convert import args_to_json_text, build_request, checked_setting, copy_batch, derive_kind, json_text
 from ._job import Job, job_from_json, jobs_from_json
 from ._worker import Pump, TaskSpec
 
@@ -314,12 +314,37 @@ class AsyncClient:
         return job_from_json(await self._native.cancel(job_id))
 
     async def cancel_by_unique_key(
-        self, args: Any, *, kind: Optional[str] = None, queue: str = "default",
-        unique_opts: Optional[Mapping[str, Any]] = None, run_at: Optional[_dt.datetime] = None,
+        self, kind: Any, *, queue: Optional[str] = None, args: Any = None,
+        period_bucket: Optional[int] = None, unique_opts: Optional[Mapping[str, Any]] = None,
+        run_at: Optional[_dt.datetime] = None,
     ) -> Optional[Job]:
-        """Cancel the unfinished job holding the unique key these args and options produce."""
-        request = _request(args, kind=kind, queue=queue, unique_opts=unique_opts or {}, run_at=run_at)
-        text = await self._native.cancel_by_unique_key(request)
+        """Cancel the unfinished job holding the unique key built from exactly the parts given
+        (awa-pg's form): ``kind``, plus ``queue`` if the key has ``by_queue``, ``args`` if it
+        has ``by_args`` and ``period_bucket`` (whole periods since the epoch of its ``run_at``)
+        if it has ``by_period``. ``None`` when no unfinished job holds the key.
+
+        The earlier form ``cancel_by_unique_key(args_object, queue=..., unique_opts=...,
+        run_at=...)`` still works: a first argument that is not a ``str`` is an args object
+        (kinds are strings, args never are), and the key is the one an insert with these options
+        computes. See docs/unique-keys.md."""
+        if not isinstance(kind, str):
+            if args is not None or period_bucket is not None:
+                raise _awa.ValidationError(
+                    "cancel_by_unique_key: args and period_bucket go with a kind string as the first "
+                    "argument, not with an args object")
+            request = _request(kind, queue=queue or "default", unique_opts=unique_opts or {}, run_at=run_at)
+            text = await self._native.cancel_by_unique_key(request)
+        else:
+            if unique_opts is not None or run_at is not None:
+                raise _awa.ValidationError(
+                    "cancel_by_unique_key(kind, ...) takes the key's parts (queue, args, "
+                    "period_bucket), not unique_opts or run_at")
+            if period_bucket is not None and (
+                    isinstance(period_bucket, bool) or not isinstance(period_bucket, int)
+                    or not -(2**63) <= period_bucket < 2**63):
+                raise _awa.ValidationError(f"period_bucket must be a 64-bit int, got {period_bucket!r}")
+            args_json = None if args is None else args_to_json_text(args)
+            text = await self._native.cancel_by_unique_parts(kind, queue, args_json, period_bucket)
         return None if text == "null" else job_from_json(text)
 
     async def retry(self, job_id: int) -> Job:
