@@ -494,6 +494,14 @@ impl NativeClient {
         )
     }
 
+    /// Every client registered in the runtime registry, as JSON (docs/runtime-registry.md).
+    fn list_runtime_instances<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let pool = self.pool.clone();
+        self.json_future(py, async move {
+            awa_core::storage::runtime_instances::list(&pool).await
+        })
+    }
+
     fn retry<'py>(&self, py: Python<'py>, job_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
         self.json_future(py, async move { admin::retry(&pool, job_id).await })

@@ -347,6 +347,14 @@ class AsyncClient:
             text = await self._native.cancel_by_unique_parts(kind, queue, args_json, period_bucket)
         return None if text == "null" else job_from_json(text)
 
+    async def list_runtime_instances(self) -> list[dict[str, Any]]:
+        """Every client running against this database, from the runtime registry
+        (``awa.runtime_instances``, docs/runtime-registry.md): one dict per client with
+        ``instance_id``, ``hostname``, ``pid``, ``version``, ``queues`` (name, max_workers,
+        deadline_ms, dlq), ``leader``, ``started_at`` and ``last_seen_at`` (RFC 3339),
+        ``snapshot_interval_ms`` and ``stale``. The leader first, then by start time."""
+        return cast("list[dict[str, Any]]", json.loads(await self._native.list_runtime_instances()))
+
     async def retry(self, job_id: int) -> Job:
         return job_from_json(await self._native.retry(job_id))
 
@@ -679,7 +687,8 @@ class Client:
 
 
 _BLOCKING_MIRRORED = frozenset({
-    "start", "shutdown", "health_check", "cancel", "cancel_by_unique_key", "retry", "pause_queue",
+    "start", "shutdown", "health_check", "cancel", "cancel_by_unique_key", "list_runtime_instances",
+    "retry", "pause_queue",
     "resume_queue", "drain_queue", "queue_stats", "retry_failed", "discard_failed", "list_dlq",
     "get_dlq_job", "dlq_depth", "retry_from_dlq", "purge_dlq", "complete_external",
     "fail_external", "retry_external", "resume_external", "heartbeat_callback",

@@ -24,6 +24,7 @@ pub(crate) mod dispatcher;
 pub(crate) mod heartbeat;
 pub(crate) mod inflight;
 pub(crate) mod listener;
+pub(crate) mod registry;
 pub mod result;
 pub mod runner;
 pub(crate) mod runtime;

@@ -39,6 +39,8 @@ pub(crate) struct Shared {
     /// Post-commit wake-ups of per-job finalizations, coalesced.
     pub waker: Arc<Waker>,
     pub is_leader: Arc<AtomicBool>,
+    /// This client's runtime-registry row (docs/runtime-registry.md).
+    pub instance: Arc<super::registry::Instance>,
 }
 
 /// Handles of the background tasks, joined on shutdown.
@@ -99,6 +101,7 @@ pub(crate) fn start(
         completer: completer.clone(),
         waker,
         is_leader: Arc::new(AtomicBool::new(false)),
+        instance: Arc::default(),
     });
     let batcher = tokio::spawn(completer.run_batcher(batch_rx));
     let dispatchers = shared
@@ -116,6 +119,13 @@ pub(crate) fn start(
                 .run(shared.pool.clone(), shared.stop_background.clone()),
         ),
     ];
+    background.push(tokio::spawn(super::registry::run(
+        shared.pool.clone(),
+        super::registry::registration(&shared.queues, shared.config.heartbeat_interval),
+        shared.instance.clone(),
+        shared.is_leader.clone(),
+        shared.stop_background.clone(),
+    )));
     if shared.config.maintenance {
         background.push(tokio::spawn(crate::maintenance::run(
             shared.pool.clone(),
@@ -124,6 +134,7 @@ pub(crate) fn start(
             shared.specs.clone(),
             shared.stop_background.clone(),
             shared.is_leader.clone(),
+            shared.instance.leader_changed.clone(),
         )));
     }
     Running {

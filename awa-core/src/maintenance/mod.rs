@@ -25,6 +25,7 @@ pub(crate) async fn run(
     specs: Specs,
     stop: CancelSignal,
     is_leader: Arc<AtomicBool>,
+    leader_changed: Arc<tokio::sync::Notify>,
 ) {
     loop {
         if stop.is_cancelled() {
@@ -33,9 +34,11 @@ pub(crate) async fn run(
         match try_lead(&pool, url.as_deref()).await {
             Ok(Some(conn)) => {
                 is_leader.store(true, Ordering::SeqCst);
+                leader_changed.notify_one();
                 tracing::info!("became the maintenance leader");
                 lead(&pool, conn, &config, &specs, &stop).await;
                 is_leader.store(false, Ordering::SeqCst);
+                leader_changed.notify_one();
                 tracing::info!("stopped being the maintenance leader");
             }
             Ok(None) => {}
@@ -131,6 +134,12 @@ async fn lead(
                 Ok(n) if n > 0 => tracing::info!(deleted = n, "pruned finished jobs"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "prune failed"),
+            }
+            // Clients that died without shutting down (docs/runtime-registry.md).
+            match crate::storage::runtime_instances::prune_stale(pool).await {
+                Ok(n) if n > 0 => tracing::info!(deleted = n, "pruned stale runtime instances"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "runtime registry prune failed"),
             }
         }
         // Periodic jobs: enqueue due fires (rate-limited to about once a second inside).

@@ -43,6 +43,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         6,
         include_str!("../../migrations/0006_unique_keys_blake3.sql"),
     ),
+    (
+        7,
+        include_str!("../../migrations/0007_runtime_instances.sql"),
+    ),
 ];
 
 /// The first version with `awa.pending_steps`.

@@ -11,6 +11,7 @@ pub mod insert;
 pub mod key_rewrite;
 pub mod migrations;
 pub mod pool;
+pub mod runtime_instances;
 
 /// Send the wake-up hint (`awa:<queue>` NOTIFY) for each queue; listeners re-claim at once,
 /// pollers find the jobs anyway.
