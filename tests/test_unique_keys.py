@@ -191,7 +191,8 @@ async def test_migrate_on_awa_pgs_schema_raises_foreign_schema_and_changes_nothi
     assert _read_back_with_awa_pg(awa_pg_database) == {"version": 40, "ours": 0}
 
 
-@pytest.mark.parametrize("call", ["insert", "queue_stats", "get_job", "transaction", "start"])
+@pytest.mark.parametrize("call", ["insert", "queue_stats", "get_job", "transaction", "start", "list_cron_jobs",
+                                  "list_runtime_instances", "cancel_by_unique_key"])
 async def test_every_client_call_on_awa_pgs_schema_raises_foreign_schema(awa_pg_database: str, call: str) -> None:
     client = awa.AsyncClient(awa_pg_database)
     try:
@@ -204,6 +205,12 @@ async def test_every_client_call_on_awa_pgs_schema_raises_foreign_schema(awa_pg_
                 await client.get_job(1)
             elif call == "transaction":
                 await client.transaction()
+            elif call == "list_cron_jobs":
+                await client.list_cron_jobs()
+            elif call == "list_runtime_instances":
+                await client.list_runtime_instances()
+            elif call == "cancel_by_unique_key":
+                await client.cancel_by_unique_key("k", args={"a": 1})
             else:
                 @client.task(dict, kind="k")
                 async def handle(job: awa.Job) -> None:
@@ -220,3 +227,5 @@ def test_the_blocking_client_raises_foreign_schema_too(awa_pg_database: str) -> 
             client.migrate()
         with pytest.raises(awa.ForeignSchema):
             client.insert({"a": 1}, kind="k")
+        with pytest.raises(awa.ForeignSchema):
+            client.list_cron_jobs()

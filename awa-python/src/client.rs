@@ -242,6 +242,20 @@ pub struct NativeClient {
 }
 
 impl NativeClient {
+    /// The foreign-schema check of [`NativeClient::spawn`], as a future of its own (for calls
+    /// that run elsewhere, such as the periodic-job functions in `cron.rs`).
+    pub(crate) fn schema_check(
+        &self,
+    ) -> impl std::future::Future<Output = Result<(), AwaError>> + Send + 'static {
+        let (pool, checked) = (self.pool.clone(), self.schema_checked.clone());
+        async move {
+            checked
+                .get_or_try_init(|| awa_core::storage::foreign::refuse_foreign(&pool))
+                .await
+                .map(|_| ())
+        }
+    }
+
     /// `bridge::spawn`, after refusing a foreign `awa` schema (awa-pg's, issue 13 item 8) with
     /// `awa.ForeignSchema`. The check is one catalog query, run before this client's first
     /// database call and remembered once it passed; while it fails it runs again on every
@@ -251,12 +265,9 @@ impl NativeClient {
         F: std::future::Future<Output = PyResult<T>> + Send + 'static,
         T: for<'a> IntoPyObject<'a> + Send + 'static,
     {
-        let (pool, checked) = (self.pool.clone(), self.schema_checked.clone());
+        let check = self.schema_check();
         bridge::spawn(py, async move {
-            checked
-                .get_or_try_init(|| awa_core::storage::foreign::refuse_foreign(&pool))
-                .await
-                .py_err()?;
+            check.await.py_err()?;
             fut.await
         })
     }
@@ -267,11 +278,9 @@ impl NativeClient {
         F: std::future::Future<Output = Result<T, AwaError>> + Send + 'static,
         T: serde::Serialize + Send + 'static,
     {
-        let (pool, checked) = (self.pool.clone(), self.schema_checked.clone());
+        let check = self.schema_check();
         json_future(py, async move {
-            checked
-                .get_or_try_init(|| awa_core::storage::foreign::refuse_foreign(&pool))
-                .await?;
+            check.await?;
             fut.await
         })
     }
