@@ -27,7 +27,7 @@ from helpers import FAST, wait_for_state
 EXCEPTIONS = [
     "AwaError", "UniqueConflict", "SchemaNotMigrated", "UnknownJobKind", "SerializationError",
     "ValidationError", "TerminalError", "StagingError", "DatabaseError", "CallbackNotFound",
-    "JobNotFound",
+    "JobNotFound", "ForeignSchema",
 ]
 
 

@@ -222,6 +222,7 @@ impl Client {
         if self.inner.queues.is_empty() {
             return Err(AwaError::Config("no queues configured".into()));
         }
+        crate::storage::foreign::refuse_foreign(&self.inner.pool).await?;
         crate::cron::upsert(&self.inner.pool, &self.inner.periodic).await?;
         for (name, qc) in &self.inner.queues {
             if qc.dlq {
@@ -263,6 +264,23 @@ impl Client {
         }
     }
 
+    /// This client's id in the runtime registry (`awa.runtime_instances`), once its row is
+    /// written after [`Client::start`]; `None` before that and after shutdown.
+    pub async fn instance_id(&self) -> Option<String> {
+        let running = self.inner.running.lock().await;
+        running
+            .as_ref()
+            .and_then(|r| r.shared.instance.id.get().cloned())
+    }
+
+    /// Every client registered in the database (not only this one): the runtime registry,
+    /// docs/runtime-registry.md.
+    pub async fn runtime_instances(
+        &self,
+    ) -> Result<Vec<crate::storage::runtime_instances::RuntimeInstance>> {
+        crate::storage::runtime_instances::list(&self.inner.pool).await
+    }
+
     /// Attempts this client holds: claimed (including jobs claimed ahead that wait for a
     /// slot), running or finalizing.
     pub async fn in_flight(&self) -> usize {
@@ -282,6 +300,7 @@ impl Client {
             running: self.is_running().await,
             leader: self.is_leader().await,
             in_flight: self.in_flight().await,
+            instance_id: self.instance_id().await,
         })
     }
 
@@ -356,4 +375,6 @@ pub struct Health {
     pub running: bool,
     pub leader: bool,
     pub in_flight: usize,
+    /// This client's row in `awa.runtime_instances` (docs/runtime-registry.md), once written.
+    pub instance_id: Option<String>,
 }

@@ -23,6 +23,23 @@ pub enum AwaError {
     /// [`AwaError::Database`] error.
     #[error("the awa schema is not migrated ({detail}); call migrate() first")]
     SchemaNotMigrated { detail: String },
+    /// The database's `awa` schema was created by another implementation (awa-pg), so this
+    /// library neither migrates nor uses it (`storage::foreign`). The message says what was
+    /// found and what to do. Python raises it as `awa.ForeignSchema`, a subclass of
+    /// `awa.SchemaNotMigrated`.
+    #[error(
+        "the database's awa schema was created by {created_by} (its schema version {}), not by \
+         this library (schema version {ours}); Awa never migrates or uses another \
+         implementation's schema. Point this client at another database, or, if {created_by} no \
+         longer uses this one, move its schema aside first (ALTER SCHEMA awa RENAME TO \
+         awa_pg_old) and run migrate(). See docs/unique-keys.md, \"Foreign schema\"",
+        version.map_or_else(|| "unknown".to_string(), |v| v.to_string())
+    )]
+    ForeignSchema {
+        created_by: String,
+        version: Option<i32>,
+        ours: i32,
+    },
     /// No handler is registered for the job's kind.
     #[error("no handler registered for job kind {0:?}")]
     UnknownJobKind(String),

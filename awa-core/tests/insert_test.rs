@@ -446,7 +446,10 @@ async fn copy_rows_land_like_insert_jobs() {
         );
     }
     assert_eq!(rows[0].args, awkward_args(), "special characters survive");
-    assert!(rows[0].unique_key.as_ref().is_some_and(|k| k.len() == 32));
+    assert!(rows[0]
+        .unique_key
+        .as_ref()
+        .is_some_and(|k| k.len() == awa_core::model::unique_key::KEY_LEN));
     // jsonb compares equal to the same document inserted as a parameter.
     let same: bool = sqlx::query_scalar("SELECT args = $1 FROM awa.jobs WHERE id = $2")
         .bind(awkward_args())

@@ -212,6 +212,53 @@ fn dlq_filter(
 #[pyclass(module = "awa._awa")]
 pub struct NativeClient {
     pub(crate) pool: Db,
+    /// Set once this client has seen that the database's `awa` schema is not a foreign one.
+    schema_checked: Arc<tokio::sync::OnceCell<()>>,
+}
+
+impl NativeClient {
+    /// The foreign-schema check of [`NativeClient::spawn`], as a future of its own (for calls
+    /// that run elsewhere, such as the periodic-job functions in `cron.rs`).
+    pub(crate) fn schema_check(
+        &self,
+    ) -> impl std::future::Future<Output = Result<(), AwaError>> + Send + 'static {
+        let (pool, checked) = (self.pool.clone(), self.schema_checked.clone());
+        async move {
+            checked
+                .get_or_try_init(|| awa_core::storage::foreign::refuse_foreign(&pool))
+                .await
+                .map(|_| ())
+        }
+    }
+
+    /// `bridge::spawn`, after refusing a foreign `awa` schema (awa-pg's, issue 13 item 8) with
+    /// `awa.ForeignSchema`. The check is one catalog query, run before this client's first
+    /// database call and remembered once it passed; while it fails it runs again on every
+    /// call, so each call raises the same clear error instead of a missing-column one.
+    fn spawn<'py, F, T>(&self, py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+    where
+        F: std::future::Future<Output = PyResult<T>> + Send + 'static,
+        T: for<'a> IntoPyObject<'a> + Send + 'static,
+    {
+        let check = self.schema_check();
+        bridge::spawn(py, async move {
+            check.await.py_err()?;
+            fut.await
+        })
+    }
+
+    /// [`json_future`] behind the same check as [`NativeClient::spawn`].
+    fn json_future<'py, F, T>(&self, py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+    where
+        F: std::future::Future<Output = Result<T, AwaError>> + Send + 'static,
+        T: serde::Serialize + Send + 'static,
+    {
+        let check = self.schema_check();
+        json_future(py, async move {
+            check.await?;
+            fut.await
+        })
+    }
 }
 
 #[pymethods]
@@ -240,12 +287,15 @@ impl NativeClient {
             .map_err(|_| AwaError::State("the connection check ended abnormally".into()))
             .and_then(|r| r)
             .py_err()?;
-        Ok(NativeClient { pool })
+        Ok(NativeClient {
+            pool,
+            schema_checked: Arc::default(),
+        })
     }
 
     fn migrate<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        bridge::spawn(py, async move { awa_core::migrate(&pool).await.py_err() })
+        self.spawn(py, async move { awa_core::migrate(&pool).await.py_err() })
     }
 
     /// Insert many requests in one statement (all or nothing); returns a JSON list.
@@ -256,7 +306,7 @@ impl NativeClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let jobs = parse_requests(&requests)?;
         let pool = self.pool.clone();
-        bridge::spawn(py, async move {
+        self.spawn(py, async move {
             let rows = awa_core::insert_jobs(&pool, &jobs).await.py_err()?;
             jobs_json(&rows)
         })
@@ -276,7 +326,7 @@ impl NativeClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let batch = CopyBatch::new(kinds, args_json, options_json, own_options);
         let pool = self.pool.clone();
-        bridge::spawn(py, async move {
+        self.spawn(py, async move {
             join(tokio::spawn(async move {
                 let jobs = batch.into_jobs()?;
                 if jobs.is_empty() {
@@ -295,7 +345,7 @@ impl NativeClient {
 
     fn get_job<'py>(&self, py: Python<'py>, job_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        bridge::spawn(py, async move {
+        self.spawn(py, async move {
             let job = awa_core::get_job(&pool, job_id).await.py_err()?;
             job_json(&job)
         })
@@ -321,7 +371,7 @@ impl NativeClient {
             limit: Some(limit),
         };
         let pool = self.pool.clone();
-        bridge::spawn(py, async move {
+        self.spawn(py, async move {
             let jobs = awa_core::list_jobs(&pool, &filter).await.py_err()?;
             jobs_json(&jobs)
         })
@@ -330,7 +380,7 @@ impl NativeClient {
     /// Open a transaction.
     fn transaction<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        bridge::spawn(py, async move {
+        self.spawn(py, async move {
             let tx = pool.begin().await.map_err(AwaError::from).py_err()?;
             Ok(NativeTransaction::new(tx))
         })
@@ -349,7 +399,7 @@ impl NativeClient {
             .map(Param::extract)
             .collect::<PyResult<Vec<_>>>()?;
         let pool = self.pool.clone();
-        bridge::spawn(py, async move {
+        self.spawn(py, async move {
             let mut q = sqlx::query(&sql);
             for p in params {
                 q = p.bind(q);
@@ -385,7 +435,7 @@ impl NativeClient {
             builder = builder.register_erased(kind, bridge.clone());
         }
         let client = builder.build().py_err()?;
-        bridge::spawn(py, async move {
+        self.spawn(py, async move {
             client.start().await.py_err()?;
             Ok(crate::worker::NativeWorker {
                 client,
@@ -398,7 +448,7 @@ impl NativeClient {
 
     fn cancel<'py>(&self, py: Python<'py>, job_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move { admin::cancel(&pool, job_id).await })
+        self.json_future(py, async move { admin::cancel(&pool, job_id).await })
     }
 
     /// Cancel the unfinished job holding the key the request (JSON) would have.
@@ -412,15 +462,52 @@ impl NativeClient {
             crate::errors::ValidationError::new_err("cancel_by_unique_key needs unique_opts")
         })?;
         let pool = self.pool.clone();
-        json_future(
+        self.json_future(
             py,
             async move { admin::cancel_by_unique_key(&pool, &key).await },
         )
     }
 
+    /// Cancel the unfinished job holding the key built from exactly these parts (awa-pg's
+    /// `cancel_by_unique_key(kind, *, queue, args, period_bucket)`; docs/unique-keys.md).
+    #[pyo3(signature = (kind, queue = None, args_json = None, period_bucket = None))]
+    fn cancel_by_unique_parts<'py>(
+        &self,
+        py: Python<'py>,
+        kind: String,
+        queue: Option<String>,
+        args_json: Option<String>,
+        period_bucket: Option<i64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let args = args_json
+            .map(|text| serde_json::from_str::<serde_json::Value>(&text))
+            .transpose()
+            .map_err(AwaError::from)
+            .py_err()?;
+        let key = awa_core::model::unique_key::compute(awa_core::model::unique_key::KeyParts {
+            kind: &kind,
+            queue: queue.as_deref(),
+            args: args.as_ref(),
+            period_bucket,
+        });
+        let pool = self.pool.clone();
+        self.json_future(
+            py,
+            async move { admin::cancel_by_unique_key(&pool, &key).await },
+        )
+    }
+
+    /// Every client registered in the runtime registry, as JSON (docs/runtime-registry.md).
+    fn list_runtime_instances<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let pool = self.pool.clone();
+        self.json_future(py, async move {
+            awa_core::storage::runtime_instances::list(&pool).await
+        })
+    }
+
     fn retry<'py>(&self, py: Python<'py>, job_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move { admin::retry(&pool, job_id).await })
+        self.json_future(py, async move { admin::retry(&pool, job_id).await })
     }
 
     fn set_queue_paused<'py>(
@@ -430,7 +517,7 @@ impl NativeClient {
         paused: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move {
+        self.json_future(py, async move {
             admin::set_queue_paused(&pool, &queue, paused).await
         })
     }
@@ -443,19 +530,19 @@ impl NativeClient {
         paused_by: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move {
+        self.json_future(py, async move {
             admin::pause_queue(&pool, &queue, paused_by.as_deref()).await
         })
     }
 
     fn drain_queue<'py>(&self, py: Python<'py>, queue: String) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move { admin::drain_queue(&pool, &queue).await })
+        self.json_future(py, async move { admin::drain_queue(&pool, &queue).await })
     }
 
     fn queue_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move { admin::queue_stats(&pool).await })
+        self.json_future(py, async move { admin::queue_stats(&pool).await })
     }
 
     /// `{"jobs": [...], "matched": n}` as JSON.
@@ -468,7 +555,7 @@ impl NativeClient {
         allow_all: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move {
+        self.json_future(py, async move {
             admin::retry_failed(&pool, kind.as_deref(), queue.as_deref(), allow_all).await
         })
     }
@@ -481,7 +568,7 @@ impl NativeClient {
         queue: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move {
+        self.json_future(py, async move {
             admin::discard_failed(&pool, &kind, queue.as_deref()).await
         })
     }
@@ -501,7 +588,7 @@ impl NativeClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let filter = dlq_filter(kind, queue, tag, before_id, before_dlq_at)?;
         let pool = self.pool.clone();
-        json_future(
+        self.json_future(
             py,
             async move { dlq::list_dlq(&pool, &filter, limit).await },
         )
@@ -510,7 +597,7 @@ impl NativeClient {
     /// One dead-lettered job as JSON (`null` when absent).
     fn get_dlq_job<'py>(&self, py: Python<'py>, job_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move { dlq::get_dlq_job(&pool, job_id).await })
+        self.json_future(py, async move { dlq::get_dlq_job(&pool, job_id).await })
     }
 
     #[pyo3(signature = (queue = None))]
@@ -520,7 +607,7 @@ impl NativeClient {
         queue: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(
+        self.json_future(
             py,
             async move { dlq::dlq_depth(&pool, queue.as_deref()).await },
         )
@@ -528,7 +615,7 @@ impl NativeClient {
 
     fn dlq_depth_by_queue<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move { dlq::dlq_depth_by_queue(&pool).await })
+        self.json_future(py, async move { dlq::dlq_depth_by_queue(&pool).await })
     }
 
     /// Revive a dead-lettered job with overrides; the job as JSON (`null` when absent).
@@ -555,7 +642,7 @@ impl NativeClient {
             queue,
         };
         let pool = self.pool.clone();
-        json_future(py, async move {
+        self.json_future(py, async move {
             dlq::retry_from_dlq(&pool, job_id, &overrides).await
         })
     }
@@ -571,7 +658,7 @@ impl NativeClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let filter = dlq_filter(kind, queue, tag, None, None)?;
         let pool = self.pool.clone();
-        json_future(py, async move {
+        self.json_future(py, async move {
             dlq::bulk_retry_from_dlq(&pool, &filter, allow_all).await
         })
     }
@@ -584,7 +671,7 @@ impl NativeClient {
         reason: String,
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move {
+        self.json_future(py, async move {
             dlq::move_failed_to_dlq(&pool, job_id, &reason).await
         })
     }
@@ -600,7 +687,7 @@ impl NativeClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let reason = reason.to_string();
         let pool = self.pool.clone();
-        json_future(py, async move {
+        self.json_future(py, async move {
             dlq::bulk_move_failed_to_dlq(
                 &pool,
                 kind.as_deref(),
@@ -614,7 +701,7 @@ impl NativeClient {
 
     fn purge_dlq_job<'py>(&self, py: Python<'py>, job_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        json_future(py, async move { dlq::purge_dlq_job(&pool, job_id).await })
+        self.json_future(py, async move { dlq::purge_dlq_job(&pool, job_id).await })
     }
 
     #[pyo3(signature = (kind = None, queue = None, tag = None, before_id = None, before_dlq_at = None, allow_all = false))]
@@ -631,7 +718,7 @@ impl NativeClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let filter = dlq_filter(kind, queue, tag, before_id, before_dlq_at)?;
         let pool = self.pool.clone();
-        json_future(py, async move {
+        self.json_future(py, async move {
             dlq::purge_dlq(&pool, &filter, allow_all).await
         })
     }
@@ -653,7 +740,7 @@ impl NativeClient {
             .map_err(AwaError::from)
             .py_err()?;
         let pool = self.pool.clone();
-        json_future(py, async move {
+        self.json_future(py, async move {
             // Registered specs are Rust-only; from Python, external completion fires none.
             let specs = awa_core::specs::Specs::default();
             match action.as_str() {
@@ -709,7 +796,7 @@ impl NativeClient {
             .parse()
             .py_err()?;
         let pool = self.pool.clone();
-        json_future(py, async move {
+        self.json_future(py, async move {
             let specs = awa_core::specs::Specs::default();
             callbacks::resolve_callback(&pool, &specs, &callback_id, payload, default).await
         })
@@ -724,7 +811,7 @@ impl NativeClient {
         kind: String,
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        bridge::spawn(py, async move {
+        self.spawn(py, async move {
             let (bridge, mut rx) = crate::worker::bridge();
             let specs = awa_core::specs::Specs::default();
             let mut run = tokio::spawn(async move {
@@ -759,7 +846,7 @@ impl NativeClient {
 
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        bridge::spawn(py, async move {
+        self.spawn(py, async move {
             pool.close().await;
             Ok(())
         })

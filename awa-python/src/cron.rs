@@ -71,13 +71,18 @@ pub fn cron_upsert<'py>(
         .collect::<Result<Vec<_>, _>>()
         .py_err()?;
     let pool = client.pool.clone();
-    crate::bridge::spawn(py, async move { cron::upsert(&pool, &jobs).await.py_err() })
+    let check = client.schema_check();
+    crate::bridge::spawn(py, async move {
+        check.await.py_err()?;
+        cron::upsert(&pool, &jobs).await.py_err()
+    })
 }
 
-/// Run an operation as an awaitable, or block on it with the GIL released.
+/// Run an operation as an awaitable, or block on it with the GIL released; either way after
+/// the client's foreign-schema check (`NativeClient::schema_check`).
 fn run<'py, F, Fut, T>(
     py: Python<'py>,
-    pool: Db,
+    client: &NativeClient,
     blocking: bool,
     op: F,
 ) -> PyResult<Bound<'py, PyAny>>
@@ -86,12 +91,18 @@ where
     Fut: Future<Output = Result<T, AwaError>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
+    let pool = client.pool.clone();
+    let check = client.schema_check();
+    let checked = async move {
+        check.await?;
+        op(pool).await
+    };
     if blocking {
         let runtime = pyo3_async_runtimes::tokio::get_runtime();
-        let value = py.detach(|| runtime.block_on(op(pool))).py_err()?;
+        let value = py.detach(|| runtime.block_on(checked)).py_err()?;
         return value.into_bound_py_any(py);
     }
-    crate::bridge::spawn(py, async move { op(pool).await.py_err() })
+    crate::bridge::spawn(py, async move { checked.await.py_err() })
 }
 
 /// Every schedule as a JSON list (what awa-pg's native `list_cron_jobs` returns).
@@ -102,7 +113,7 @@ pub fn cron_list<'py>(
     client: PyRef<'py, NativeClient>,
     blocking: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    run(py, client.pool.clone(), blocking, |pool| async move {
+    run(py, &client, blocking, |pool| async move {
         let rows = cron::list(&pool).await?;
         Ok(serde_json::to_string(&rows)?)
     })
@@ -117,7 +128,7 @@ pub fn cron_delete<'py>(
     name: String,
     blocking: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    run(py, client.pool.clone(), blocking, |pool| async move {
+    run(py, &client, blocking, |pool| async move {
         cron::delete(&pool, &name).await
     })
 }
@@ -132,7 +143,7 @@ pub fn cron_set_paused<'py>(
     paused: bool,
     blocking: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    run(py, client.pool.clone(), blocking, move |pool| async move {
+    run(py, &client, blocking, move |pool| async move {
         cron::set_paused(&pool, &name, paused).await
     })
 }
@@ -146,7 +157,7 @@ pub fn cron_trigger<'py>(
     name: String,
     blocking: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    run(py, client.pool.clone(), blocking, |pool| async move {
+    run(py, &client, blocking, |pool| async move {
         match cron::trigger(&pool, &name).await? {
             Some(job) => Ok(Some(serde_json::to_string(&job)?)),
             None => Ok(None),

@@ -26,6 +26,14 @@ create_exception!(
 );
 create_exception!(
     awa,
+    ForeignSchema,
+    SchemaNotMigrated,
+    "The database's `awa` schema was created by another implementation (awa-pg); Awa neither \
+     migrates nor uses it. A subclass of SchemaNotMigrated, so awa-pg-style `except \
+     awa.SchemaNotMigrated` (or `except awa.AwaError`) still catches it."
+);
+create_exception!(
+    awa,
     UnknownJobKind,
     AwaError,
     "No handler is registered for the job's kind."
@@ -85,6 +93,7 @@ pub fn to_py(e: CoreError) -> PyErr {
         CoreError::Serialization(_) => SerializationError::new_err(msg),
         CoreError::UniqueConflict { .. } => UniqueConflict::new_err(msg),
         CoreError::SchemaNotMigrated { .. } => SchemaNotMigrated::new_err(msg),
+        CoreError::ForeignSchema { .. } => ForeignSchema::new_err(msg),
         CoreError::UnknownJobKind(_) => UnknownJobKind::new_err(msg),
         CoreError::JobNotFound(_) => JobNotFound::new_err(msg),
         CoreError::CallbackNotFound(_) => CallbackNotFound::new_err(msg),
@@ -129,6 +138,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("AwaError", py.get_type::<AwaError>())?;
     m.add("UniqueConflict", py.get_type::<UniqueConflict>())?;
     m.add("SchemaNotMigrated", py.get_type::<SchemaNotMigrated>())?;
+    m.add("ForeignSchema", py.get_type::<ForeignSchema>())?;
     m.add("UnknownJobKind", py.get_type::<UnknownJobKind>())?;
     m.add("SerializationError", py.get_type::<SerializationError>())?;
     m.add("ValidationError", py.get_type::<ValidationError>())?;

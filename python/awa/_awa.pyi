@@ -4,7 +4,7 @@ from typing import Any, Awaitable, Optional, final
 
 
 __all__ = [
-    "AwaError", "UniqueConflict", "SchemaNotMigrated", "UnknownJobKind", "SerializationError",
+    "AwaError", "UniqueConflict", "SchemaNotMigrated", "ForeignSchema", "UnknownJobKind", "SerializationError",
     "ValidationError", "ConfigError", "TerminalError", "StagingError", "DatabaseError", "CallbackNotFound",
     "JobNotFound", "NativeClient", "NativeTransaction", "NativeWorker", "NativeJobContext",
     "NativeTestRun", "set_log_level", "stage_check", "check_setting", "quiesce",
@@ -30,6 +30,10 @@ class UniqueConflict(AwaError): ...
 
 class SchemaNotMigrated(AwaError):
     """Awa's own schema (or an object in it) is missing; the message carries PostgreSQL's."""
+
+class ForeignSchema(SchemaNotMigrated):
+    """The database's ``awa`` schema was created by awa-pg; Awa neither migrates nor uses it.
+    The message names what was found (awa-pg, its schema version) and what to do."""
 
 class UnknownJobKind(AwaError):
     """No handler is registered for the job's kind. A claimed job of such a kind fails with
@@ -93,6 +97,9 @@ class NativeClient:
     def start(self, config_json: str, kinds: list[str]) -> Awaitable[NativeWorker]: ...
     def cancel(self, job_id: int) -> Awaitable[str]: ...
     def cancel_by_unique_key(self, request: str) -> Awaitable[str]: ...
+    def cancel_by_unique_parts(self, kind: str, queue: Optional[str] = None, args_json: Optional[str] = None,
+                               period_bucket: Optional[int] = None) -> Awaitable[str]: ...
+    def list_runtime_instances(self) -> Awaitable[str]: ...
     def retry(self, job_id: int) -> Awaitable[str]: ...
     def set_queue_paused(self, queue: str, paused: bool) -> Awaitable[str]: ...
     def drain_queue(self, queue: str) -> Awaitable[str]: ...

@@ -14,7 +14,7 @@ import warnings
 
 from . import _awa
 from . import _cron
-from ._convert import OrderingKey, RunAt, build_request, checked_setting, copy_batch, derive_kind, json_text, run_at_text
+from ._convert import OrderingKey, RunAt, args_to_json_text, build_request, checked_setting, copy_batch, derive_kind, json_text, run_at_text
 from ._dump import dump_job_text, dump_run_text
 from ._job import Job, job_from_json, jobs_from_json
 from ._outcomes import CallbackToken, callback_id_of
@@ -524,13 +524,46 @@ class AsyncClient:
         return job_from_json(await self._native.cancel(job_id))
 
     async def cancel_by_unique_key(
-        self, args: Any, *, kind: Optional[str] = None, queue: str = "default",
-        unique_opts: Optional[Mapping[str, Any]] = None, run_at: Optional[_dt.datetime] = None,
+        self, kind: Any, *, queue: Optional[str] = None, args: Any = None,
+        period_bucket: Optional[int] = None, unique_opts: Optional[Mapping[str, Any]] = None,
+        run_at: Optional[_dt.datetime] = None,
     ) -> Optional[Job]:
-        """Cancel the unfinished job holding the unique key these args and options produce."""
-        request = _request(args, kind=kind, queue=queue, unique_opts=unique_opts or {}, run_at=run_at)
-        text = await self._native.cancel_by_unique_key(request)
+        """Cancel the unfinished job holding the unique key built from exactly the parts given
+        (awa-pg's form): ``kind``, plus ``queue`` if the key has ``by_queue``, ``args`` if it
+        has ``by_args`` and ``period_bucket`` (whole periods since the epoch of its ``run_at``)
+        if it has ``by_period``. ``None`` when no unfinished job holds the key.
+
+        The earlier form ``cancel_by_unique_key(args_object, queue=..., unique_opts=...,
+        run_at=...)`` still works: a first argument that is not a ``str`` is an args object
+        (kinds are strings, args never are), and the key is the one an insert with these options
+        computes. See docs/unique-keys.md."""
+        if not isinstance(kind, str):
+            if args is not None or period_bucket is not None:
+                raise _awa.ValidationError(
+                    "cancel_by_unique_key: args and period_bucket go with a kind string as the first "
+                    "argument, not with an args object")
+            request = _request(kind, queue=queue or "default", unique_opts=unique_opts or {}, run_at=run_at)
+            text = await self._native.cancel_by_unique_key(request)
+        else:
+            if unique_opts is not None or run_at is not None:
+                raise _awa.ValidationError(
+                    "cancel_by_unique_key(kind, ...) takes the key's parts (queue, args, "
+                    "period_bucket), not unique_opts or run_at")
+            if period_bucket is not None and (
+                    isinstance(period_bucket, bool) or not isinstance(period_bucket, int)
+                    or not -(2**63) <= period_bucket < 2**63):
+                raise _awa.ValidationError(f"period_bucket must be a 64-bit int, got {period_bucket!r}")
+            args_json = None if args is None else args_to_json_text(args)
+            text = await self._native.cancel_by_unique_parts(kind, queue, args_json, period_bucket)
         return None if text == "null" else job_from_json(text)
+
+    async def list_runtime_instances(self) -> list[dict[str, Any]]:
+        """Every client running against this database, from the runtime registry
+        (``awa.runtime_instances``, docs/runtime-registry.md): one dict per client with
+        ``instance_id``, ``hostname``, ``pid``, ``version``, ``queues`` (name, max_workers,
+        deadline_ms, dlq), ``leader``, ``started_at`` and ``last_seen_at`` (RFC 3339),
+        ``snapshot_interval_ms`` and ``stale``. The leader first, then by start time."""
+        return cast("list[dict[str, Any]]", json.loads(await self._native.list_runtime_instances()))
 
     async def retry(self, job_id: int) -> Job:
         return job_from_json(await self._native.retry(job_id))
@@ -1264,6 +1297,6 @@ class Client:
 
 # Forwarded through __getattr__ (the rest of the blocking surface is real methods above).
 _BLOCKING_MIRRORED = frozenset({
-    "start", "shutdown", "health_check", "cancel_by_unique_key", "complete_external",
+    "start", "shutdown", "health_check", "cancel_by_unique_key", "list_runtime_instances", "complete_external",
     "fail_external", "retry_external", "resume_external", "heartbeat_callback", "resolve_callback",
 })

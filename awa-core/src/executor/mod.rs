@@ -28,6 +28,7 @@ pub(crate) mod inflight;
 pub(crate) mod listener;
 pub(crate) mod pool;
 pub(crate) mod rate_limit;
+pub(crate) mod registry;
 pub mod result;
 pub mod runner;
 pub(crate) mod runtime;

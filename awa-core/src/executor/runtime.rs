@@ -43,6 +43,8 @@ pub(crate) struct Shared {
     pub is_leader: Arc<AtomicBool>,
     /// The overflow pool of the weighted queues (`executor::pool`), if any.
     pub overflow: Option<Arc<SharedPool>>,
+    /// This client's runtime-registry row (docs/runtime-registry.md).
+    pub instance: Arc<super::registry::Instance>,
 }
 
 /// Handles of the background tasks, joined on shutdown.
@@ -106,6 +108,7 @@ pub(crate) fn start(
         waker,
         is_leader: Arc::new(AtomicBool::new(false)),
         overflow,
+        instance: Arc::default(),
     });
     let batcher = tokio::spawn(completer.run_batcher(batch_rx));
     let dispatchers = shared
@@ -123,6 +126,13 @@ pub(crate) fn start(
                 .run(shared.pool.clone(), shared.stop_background.clone()),
         ),
     ];
+    background.push(tokio::spawn(super::registry::run(
+        shared.pool.clone(),
+        super::registry::registration(&shared.queues, shared.config.heartbeat_interval),
+        shared.instance.clone(),
+        shared.is_leader.clone(),
+        shared.stop_background.clone(),
+    )));
     if shared.config.maintenance {
         background.push(tokio::spawn(crate::maintenance::run(
             shared.pool.clone(),
@@ -131,6 +141,7 @@ pub(crate) fn start(
             shared.specs.clone(),
             shared.stop_background.clone(),
             shared.is_leader.clone(),
+            shared.instance.leader_changed.clone(),
         )));
     }
     Ok(Running {

@@ -37,6 +37,7 @@ pub(crate) async fn run(
     specs: Specs,
     stop: CancelSignal,
     is_leader: Arc<AtomicBool>,
+    leader_changed: Arc<tokio::sync::Notify>,
 ) {
     loop {
         if stop.is_cancelled() {
@@ -45,9 +46,11 @@ pub(crate) async fn run(
         match try_lead(&pool, url.as_deref()).await {
             Ok(Some(lease)) => {
                 is_leader.store(true, Ordering::SeqCst);
+                leader_changed.notify_one();
                 tracing::info!("became the maintenance leader");
                 lead(&pool, lease, &config, &specs, &stop).await;
                 is_leader.store(false, Ordering::SeqCst);
+                leader_changed.notify_one();
                 tracing::info!("stopped being the maintenance leader");
             }
             Ok(None) => {}
@@ -159,6 +162,12 @@ async fn lead(pool: &Db, lease: Lease, config: &RuntimeConfig, specs: &Specs, st
                 Ok(n) if n > 0 => tracing::info!(deleted = n, "pruned finished jobs"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "prune failed"),
+            }
+            // Clients that died without shutting down (docs/runtime-registry.md).
+            match crate::storage::runtime_instances::prune_stale(pool).await {
+                Ok(n) if n > 0 => tracing::info!(deleted = n, "pruned stale runtime instances"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "runtime registry prune failed"),
             }
         }
         // Periodic jobs: enqueue due fires (rate-limited to about once a second inside).

@@ -6,6 +6,7 @@ mod kind;
 mod opts;
 mod request;
 mod state;
+pub mod unique_key;
 pub(crate) mod validate;
 
 pub use callback_rules::{CallbackRules, Decision, DefaultAction};

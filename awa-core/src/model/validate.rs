@@ -8,7 +8,6 @@
 use super::opts::{InsertOpts, UniqueOpts};
 use chrono::{DateTime, Datelike, Utc};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 pub const MAX_NAME_CHARS: usize = 200;
 pub const MAX_TAGS: usize = 20;
@@ -280,8 +279,8 @@ pub fn validate(kind: &str, args: Value, opts: &InsertOpts) -> Result<NewJob, Va
     })
 }
 
-/// SHA-256 over the kind and the parts `UniqueOpts` selects. `serde_json` keeps object keys
-/// sorted, so equal args hash equally whatever order the caller built them in.
+/// The key of a job with these unique options (docs/unique-keys.md): the parts `u` selects,
+/// the period bucket taken from `run_at` or, for a job that runs now, from now.
 pub fn unique_key(
     kind: &str,
     queue: &str,
@@ -289,23 +288,14 @@ pub fn unique_key(
     run_at: Option<DateTime<Utc>>,
     u: &UniqueOpts,
 ) -> Vec<u8> {
-    let mut h = Sha256::new();
-    h.update(b"kind\0");
-    h.update(kind.as_bytes());
-    if u.by_queue {
-        h.update(b"\0queue\0");
-        h.update(queue.as_bytes());
-    }
-    if u.by_args {
-        h.update(b"\0args\0");
-        h.update(serde_json::to_vec(args).unwrap_or_default());
-    }
-    if let Some(period) = u.by_period {
-        let at = run_at.unwrap_or_else(Utc::now).timestamp();
-        h.update(b"\0period\0");
-        h.update(at.div_euclid(period).to_be_bytes());
-    }
-    h.finalize().to_vec()
+    super::unique_key::compute(super::unique_key::KeyParts {
+        kind,
+        queue: u.by_queue.then_some(queue),
+        args: u.by_args.then_some(args),
+        period_bucket: u
+            .by_period
+            .map(|p| super::unique_key::period_bucket(p, run_at)),
+    })
 }
 
 #[cfg(test)]

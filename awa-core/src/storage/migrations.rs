@@ -12,6 +12,16 @@
 //! A role that may not run DDL gets an error naming the version it found, the version this
 //! library needs, and that the schema owner must run the migration ([`pending_sql`] gives
 //! the owner the SQL to run by hand or from a migration tool).
+//!
+//! Before anything else `migrate()` checks that an existing `awa` schema is this library's:
+//! awa-pg's schema (same name, another layout, version 40) is refused with
+//! [`AwaError::ForeignSchema`] and never touched ([`super::foreign`]).
+//!
+//! Some upgrades need work SQL cannot do (migration 9 rewrites unique keys to BLAKE3, which
+//! PostgreSQL cannot compute): such a migration records a row in `awa.pending_steps`, and
+//! `migrate()` runs the Rust step in the same transaction, under the same lock, and deletes the
+//! row. A schema migrated from [`pending_sql`] by hand keeps the row until the next
+//! `migrate()`, which then runs the step (DML only, so the application role may).
 
 use crate::error::{AwaError, Result};
 use crate::storage::pool::Db;
@@ -31,8 +41,19 @@ const MIGRATIONS: &[(i32, &str)] = &[
     ),
     (5, include_str!("../../migrations/0005_cron.sql")),
     (6, include_str!("../../migrations/0006_admin_surface.sql")),
+    (
+        7,
+        include_str!("../../migrations/0007_runtime_instances.sql"),
+    ),
     (8, include_str!("../../migrations/0008_callback_rules.sql")),
+    (
+        9,
+        include_str!("../../migrations/0009_unique_keys_blake3.sql"),
+    ),
 ];
+
+/// The first version with `awa.pending_steps`.
+const PENDING_STEPS_SINCE: i32 = 9;
 
 /// Every migration as `(version, description, sql)`, oldest first, as awa-pg's
 /// `migrations()` lists them; the description is the file's first comment line.
@@ -80,45 +101,105 @@ pub fn latest_version() -> i32 {
 /// read, no lock, no DDL) when the schema is already at [`latest_version`] or newer, so a
 /// role without CREATE rights may call it.
 pub async fn migrate(pool: &Db) -> Result<()> {
+    super::foreign::refuse_foreign(pool).await?;
     let found = current_version(pool).await?;
-    if found >= latest_version() {
+    if found >= latest_version() && !steps_pending(pool, found).await? {
         return Ok(());
     }
-    apply_pending(pool)
+    apply_migrations(pool, latest_version(), true)
         .await
         .map_err(|e| explain_permission(e, found))
 }
 
-/// Take the lock, re-read the version and apply what is still missing, in one transaction.
-async fn apply_pending(pool: &Db) -> std::result::Result<(), sqlx::Error> {
+/// Apply the migrations up to `target` only (and no pending steps): how the tests build a
+/// database "at an older version" to upgrade.
+#[cfg(feature = "test-seams")]
+pub async fn migrate_to(pool: &Db, target: i32) -> Result<()> {
+    super::foreign::refuse_foreign(pool).await?;
+    Ok(apply_migrations(pool, target, false).await?)
+}
+
+/// Whether a Rust step recorded by a migration still waits (read-only).
+async fn steps_pending(pool: &Db, version: i32) -> Result<bool> {
+    if version < PENDING_STEPS_SINCE {
+        return Ok(false);
+    }
+    Ok(
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM awa.pending_steps)")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// Take the lock, re-read the version and apply what is still missing up to `target`, then
+/// (with `steps`) the pending Rust steps, in one transaction.
+async fn apply_migrations(
+    pool: &Db,
+    target: i32,
+    steps: bool,
+) -> std::result::Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(MIGRATE_LOCK)
         .execute(&mut *tx)
         .await?;
     // Another process may have migrated while this one waited for the lock: when the schema
-    // is current now, end without any DDL (which this role may not be allowed to run).
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass('awa.schema_version') IS NOT NULL")
-        .fetch_one(&mut *tx)
-        .await?;
+    // is current now, end without any DDL (which this role may not be allowed to run). Read
+    // pg_class with the statement's snapshot, not through to_regclass: this backend's catalog
+    // cache may still hold "no such schema" from before the wait (no invalidation is processed
+    // while waiting on an advisory lock), and would then re-run migration 1.
+    let exists: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+                        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                        WHERE n.nspname = 'awa' AND c.relname = 'schema_version')",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
     let mut current = 0;
     if exists {
         current = version_in(&mut *tx).await?;
     }
-    if current >= latest_version() {
-        return tx.commit().await;
+    if current < target {
+        // A plain &str runs under the simple protocol, which allows several statements.
+        (&mut *tx).execute(BOOTSTRAP_SQL).await?;
+        for (version, sql) in MIGRATIONS
+            .iter()
+            .filter(|(v, _)| *v > current && *v <= target)
+        {
+            tracing::info!(version, "applying awa migration");
+            (&mut *tx).execute(*sql).await?;
+            sqlx::query("INSERT INTO awa.schema_version (version) VALUES ($1)")
+                .bind(version)
+                .execute(&mut *tx)
+                .await?;
+        }
     }
-    // A plain &str runs under the simple protocol, which allows several statements.
-    (&mut *tx).execute(BOOTSTRAP_SQL).await?;
-    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
-        tracing::info!(version, "applying awa migration");
-        (&mut *tx).execute(*sql).await?;
-        sqlx::query("INSERT INTO awa.schema_version (version) VALUES ($1)")
-            .bind(version)
+    if steps && current.max(target) >= PENDING_STEPS_SINCE {
+        run_pending_steps(&mut tx).await?;
+    }
+    tx.commit().await
+}
+
+/// Run each step a migration recorded, and delete its row; all in the migration's transaction,
+/// so a failed step leaves both the step and the schema as they were. A step this library
+/// does not know (recorded by a newer version) is left for that version.
+async fn run_pending_steps(tx: &mut sqlx::PgConnection) -> std::result::Result<(), sqlx::Error> {
+    let steps: Vec<String> =
+        sqlx::query_scalar("SELECT step FROM awa.pending_steps ORDER BY since_version, step")
+            .fetch_all(&mut *tx)
+            .await?;
+    for step in steps {
+        if step != super::key_rewrite::STEP {
+            tracing::warn!(step, "unknown pending upgrade step left in place");
+            continue;
+        }
+        super::key_rewrite::rewrite(&mut *tx).await?;
+        sqlx::query("DELETE FROM awa.pending_steps WHERE step = $1")
+            .bind(&step)
             .execute(&mut *tx)
             .await?;
     }
-    tx.commit().await
+    Ok(())
 }
 
 /// Turn a permission error from the DDL into one that says what to do; pass others through.
@@ -158,7 +239,8 @@ where
     Ok(v.unwrap_or(0))
 }
 
-/// The applied schema version, or 0 when the schema does not exist. Read-only.
+/// The applied schema version, or 0 when the schema does not exist. Read-only. (On awa-pg's
+/// schema this is awa-pg's version; [`migrate`] and the clients refuse that schema.)
 pub async fn current_version(pool: &Db) -> Result<i32> {
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('awa.schema_version') IS NOT NULL")
         .fetch_one(pool)
@@ -184,6 +266,12 @@ pub fn pending_sql(from: i32) -> String {
         script.push_str(&format!(
             "\nINSERT INTO awa.schema_version (version) VALUES ({version});\n"
         ));
+    }
+    if from < PENDING_STEPS_SINCE {
+        script.push_str(
+            "\n-- Steps recorded in awa.pending_steps (the unique-key rewrite of migration 9) \
+             need Rust:\n-- the next migrate() of any client runs them (docs/unique-keys.md).\n",
+        );
     }
     script.push_str("COMMIT;\n");
     script

@@ -6,9 +6,12 @@ pub mod callbacks;
 pub mod claim;
 pub mod copy;
 pub mod dlq;
+pub mod foreign;
 pub mod insert;
+pub mod key_rewrite;
 pub mod migrations;
 pub mod pool;
+pub mod runtime_instances;
 
 /// Send the wake-up hint (`awa:<queue>` NOTIFY) for each queue; listeners re-claim at once,
 /// pollers find the jobs anyway.
