@@ -166,6 +166,9 @@ struct StartConfig {
     claim_batch: Option<f64>,
     #[serde(default)]
     completion_batch: Option<f64>,
+    /// `RuntimeConfig::batch_follow_ups` (an addition to awa-pg's `start()`).
+    #[serde(default)]
+    batch_follow_ups: Option<bool>,
 }
 
 #[derive(serde::Deserialize)]
@@ -210,6 +213,9 @@ fn runtime_config(cfg: &StartConfig) -> Result<RuntimeConfig, AwaError> {
     }
     if let Some(b) = cfg.completion_batch {
         rc.completion_batch = setting_count("completion_batch", b)?;
+    }
+    if let Some(on) = cfg.batch_follow_ups {
+        rc.batch_follow_ups = on;
     }
     Ok(rc)
 }

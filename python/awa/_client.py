@@ -239,6 +239,7 @@ class AsyncClient:
         failed_retention_hours: Optional[float] = None,
         claim_batch: Optional[int] = None,
         completion_batch: Optional[int] = None,
+        batch_follow_ups: Optional[bool] = None,
     ) -> None:
         """Start working ``queues``: ``[("name", max_workers), ...]`` or dicts with ``name``,
         ``max_workers`` and optional ``deadline_ms`` and ``dlq``. Handlers run on this loop.
@@ -246,7 +247,12 @@ class AsyncClient:
         Every interval, deadline and retention keyword is checked before the worker starts:
         ``awa.ValidationError`` names the keyword and its range for NaN, infinite, negative
         or out-of-range values (intervals and deadlines 1 ms to 30 days, retention 0 to
-        87,600 hours, ``max_workers`` and batch sizes whole numbers 1 to 10,000)."""
+        87,600 hours, ``max_workers`` and batch sizes whole numbers 1 to 10,000).
+
+        ``batch_follow_ups`` (an addition to awa-pg's ``start()``; default ``True``): completions
+        that insert follow-ups commit many per transaction with the rest of their batch; ``False``
+        gives each its own transaction. Both keep every guarantee of staged follow-ups
+        (docs/follow-ups.md, "How they are inserted")."""
         if self._pump is not None:
             raise _awa.AwaError("the worker is already started")
         if not self._tasks:
@@ -285,7 +291,12 @@ class AsyncClient:
             for k, v in {"claim_batch": claim_batch, "completion_batch": completion_batch}.items()
             if v is not None
         }
+        if batch_follow_ups is not None and not isinstance(batch_follow_ups, bool):
+            raise _awa.ValidationError(
+                f"batch_follow_ups is {batch_follow_ups!r}; it must be True or False")
         config = {"queues": parsed, "intervals": intervals, **batches}
+        if batch_follow_ups is not None:
+            config["batch_follow_ups"] = batch_follow_ups
         _awa.set_log_level(max(logging.getLogger("awa").getEffectiveLevel(), 10))
         await _cron.upsert(self._native, self._periodic)
         native_worker = await self._native.start(json.dumps(config), list(self._tasks))
