@@ -1327,7 +1327,14 @@ async fn a_superseded_handler_completing_through_the_runtime_inserts_nothing(pat
     let (g, e) = (gate.clone(), entered.clone());
     let client = base(&db, path)
         .queue("default", QueueConfig::new(1))
-        .config(config(path, quiet_config()))
+        .config(config(
+            path,
+            awa_core::RuntimeConfig {
+                // No heartbeat between the test aging the heartbeat and rescuing the job.
+                heartbeat_interval: Duration::from_secs(3600),
+                ..quiet_config()
+            },
+        ))
         .register::<StageA, _, _>(move |_args, ctx| {
             let follow_ups = ctx.follow_ups();
             let attempt = i64::from(ctx.job().attempt);
