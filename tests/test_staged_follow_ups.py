@@ -29,7 +29,22 @@ async def b_jobs(client: awa.AsyncClient) -> list[awa.Job]:
     return await client.list_jobs(kind="stage_b", limit=1000)
 
 
-async def test_staging_and_dedup_through_the_runtime(client: awa.AsyncClient) -> None:
+@pytest.fixture(params=["batched", "per_job"])
+def fast(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """``start()`` keywords for tests: short intervals, and the completion path under test.
+    Every runtime test here runs on both: ``batch_follow_ups=True`` (completions with
+    follow-ups share a transaction with the rest of their batch, the default) and ``False``
+    (each its own transaction, ADR-046's original path)."""
+    return {**FAST, "batch_follow_ups": request.param == "batched"}
+
+
+def completions(client: awa.AsyncClient) -> tuple[int, int]:
+    """(batched, per-job) completions so far, process-wide."""
+    m = client.metrics()
+    return m["JOBS_COMPLETED_BATCHED"], m["JOBS_FINALIZED_PER_JOB"]
+
+
+async def test_staging_and_dedup_through_the_runtime(client: awa.AsyncClient, fast: dict[str, Any]) -> None:
     ran_b: list[int] = []
 
     @client.task(StageA)
@@ -43,7 +58,8 @@ async def test_staging_and_dedup_through_the_runtime(client: awa.AsyncClient) ->
 
     for order, item in enumerate([1, 1, 2, 2, 2, 3]):
         await client.insert(StageA(order_id=order, item_id=item))
-    await client.start([("default", 4)], **FAST)
+    batched_before, per_job_before = completions(client)
+    await client.start([("default", 4)], **fast)
     try:
         async def settled() -> bool:
             jobs = await client.list_jobs(limit=1000)
@@ -55,9 +71,14 @@ async def test_staging_and_dedup_through_the_runtime(client: awa.AsyncClient) ->
     assert sorted(b.args["item_id"] for b in bs) == [10, 20, 30], "one B per distinct value"
     assert sorted(ran_b) == [10, 20, 30]
     assert all("from" in b.metadata for b in bs), "context that must not dedupe travels in metadata"
+    batched, per_job = completions(client)
+    if fast["batch_follow_ups"]:
+        assert (batched - batched_before, per_job - per_job_before) == (9, 0), "all batched"
+    else:
+        assert (batched - batched_before, per_job - per_job_before) == (3, 6), "A per job, B batched"
 
 
-async def test_a_swallowed_staging_error_poisons_the_attempt(client: awa.AsyncClient) -> None:
+async def test_a_swallowed_staging_error_poisons_the_attempt(client: awa.AsyncClient, fast: dict[str, Any]) -> None:
     caught: list[BaseException] = []
 
     @client.task(StageA)
@@ -69,7 +90,7 @@ async def test_a_swallowed_staging_error_poisons_the_attempt(client: awa.AsyncCl
             caught.append(exc)
 
     job = await client.insert(StageA(order_id=1, item_id=1))
-    await client.start([("default", 1)], **FAST)
+    await client.start([("default", 1)], **fast)
     try:
         failed = await wait_for_state(client, job.id, "failed")
     finally:
@@ -82,7 +103,9 @@ async def test_a_swallowed_staging_error_poisons_the_attempt(client: awa.AsyncCl
 
 
 @pytest.mark.parametrize("mode", ["cancel", "raise", "terminal", "retry_after", "snooze", "wait"])
-async def test_every_other_outcome_discards(client: awa.AsyncClient, mode: str) -> None:
+async def test_every_other_outcome_discards(
+    client: awa.AsyncClient, mode: str, fast: dict[str, Any]
+) -> None:
     @client.task(StageA)
     async def stage_a(job: awa.Job) -> Any:
         job.enqueue_on_completion(StageB(item_id=job.args.item_id))
@@ -103,7 +126,7 @@ async def test_every_other_outcome_discards(client: awa.AsyncClient, mode: str) 
     expected = {"cancel": "cancelled", "raise": "retryable", "terminal": "failed",
                 "retry_after": "retryable", "snooze": "scheduled", "wait": "waiting_external"}[mode]
     before = client.metrics()["STAGED_DISCARDED_WAIT_FOR_CALLBACK"]
-    await client.start([("default", 1)], **FAST)
+    await client.start([("default", 1)], **fast)
     try:
         await wait_for_state(client, job.id, expected)
     finally:
@@ -138,7 +161,9 @@ def _late_stager(job: awa.Job, outcomes: list[str], held: bool) -> Any:
 
 
 @pytest.mark.parametrize("seam", [True, False], ids=["held", "unheld"])
-async def test_sealed_the_instant_the_handler_returns(client: awa.AsyncClient, seam: bool) -> None:
+async def test_sealed_the_instant_the_handler_returns(
+    client: awa.AsyncClient, seam: bool, fast: dict[str, Any]
+) -> None:
     """ADR-046, "Lifetime of the staging buffer": ``finish()`` seals on the event loop's thread
     before the outcome is handed over, so a spawned task's stage is refused 200 of 200 times.
     The held variant holds the Rust runner after the hand-over until the task has tried, which
@@ -156,7 +181,7 @@ async def test_sealed_the_instant_the_handler_returns(client: awa.AsyncClient, s
 
     for order in range(n):
         await client.insert(StageA(order_id=order, item_id=1))
-    await client.start([("default", 8)], **FAST)
+    await client.start([("default", 8)], **fast)
     try:
         async def settled() -> bool:
             if len(outcomes) < n:
@@ -193,7 +218,7 @@ async def test_work_one_seals_the_instant_the_handler_returns(client: awa.AsyncC
     assert await b_jobs(client) == []
 
 
-async def test_staged_after_wait_for_callback_resumes(client: awa.AsyncClient) -> None:
+async def test_staged_after_wait_for_callback_resumes(client: awa.AsyncClient, fast: dict[str, Any]) -> None:
     tokens: asyncio.Queue[awa.CallbackToken] = asyncio.Queue()
 
     @client.task(StageA)
@@ -205,7 +230,7 @@ async def test_staged_after_wait_for_callback_resumes(client: awa.AsyncClient) -
         job.enqueue_on_completion(StageB(item_id=payload["item"]))
 
     job = await client.insert(StageA(order_id=1, item_id=1))
-    await client.start([("default", 1)], **FAST)
+    await client.start([("default", 1)], **fast)
     try:
         token = await asyncio.wait_for(tokens.get(), 10)
         await client.resume_external(token, {"item": 2})
@@ -215,7 +240,7 @@ async def test_staged_after_wait_for_callback_resumes(client: awa.AsyncClient) -
     assert sorted(b.args["item_id"] for b in await b_jobs(client)) == [1, 2]
 
 
-async def test_complete_external_discards_staged(client: awa.AsyncClient) -> None:
+async def test_complete_external_discards_staged(client: awa.AsyncClient, fast: dict[str, Any]) -> None:
     tokens: asyncio.Queue[awa.CallbackToken] = asyncio.Queue()
     wait_errors: list[BaseException] = []
 
@@ -231,7 +256,7 @@ async def test_complete_external_discards_staged(client: awa.AsyncClient) -> Non
             raise
 
     job = await client.insert(StageA(order_id=1, item_id=1))
-    await client.start([("default", 1)], **FAST)
+    await client.start([("default", 1)], **fast)
     try:
         token = await asyncio.wait_for(tokens.get(), 10)
         await client.complete_external(token, {"done": True})
@@ -309,3 +334,12 @@ async def test_handler_job_stand_in() -> None:
     job.seal()
     with pytest.raises(awa.StagingError, match="already returned"):
         job.enqueue_on_completion(StageB(item_id=4))
+
+
+async def test_batch_follow_ups_must_be_a_bool(client: awa.AsyncClient) -> None:
+    @client.task(StageA)
+    async def stage_a(job: awa.Job) -> None:
+        pass
+
+    with pytest.raises(awa.ValidationError, match="batch_follow_ups is 1; it must be True or False"):
+        await client.start([("default", 1)], batch_follow_ups=1)  # type: ignore[arg-type]

@@ -17,6 +17,11 @@
 //!
 //! A test can also hold a per-job finalization that lost its connection just before it waits
 //! for a working one (`hold_reconnect`, keyed by job id: use `isolate_ids`).
+//!
+//! The completer records which path each job's completion was sent on (`sent_on`), so a test
+//! that runs on both completion paths can check it really took the one it asked for. The
+//! fault points fire on both paths: a batched completion fails (or loses its
+//! acknowledgement) as a whole when any of its jobs has a fault armed.
 
 /// Where a fault can be injected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,9 +34,19 @@ pub enum Point {
     AfterCommit,
 }
 
+/// The completion path a finalization was sent on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// The batched completer: many completions (and their follow-ups) per transaction.
+    Batched,
+    /// A transaction of its own (every non-`Completed` outcome, the fallback of a failed
+    /// batch, and with `batch_follow_ups` off any completion with follow-ups).
+    PerJob,
+}
+
 #[cfg(feature = "test-seams")]
 mod imp {
-    use super::Point;
+    use super::{Path, Point};
     use std::sync::Mutex;
 
     struct Armed {
@@ -192,6 +207,32 @@ mod imp {
         wait_at(key(f)).await;
     }
 
+    static SENT: Mutex<Vec<(i64, Path)>> = Mutex::new(Vec::new());
+
+    /// The completer's side of [`sent_on`].
+    pub(crate) fn sent(job_id: i64, path: Path) {
+        SENT.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((job_id, path));
+    }
+
+    /// The paths the completions of `job_id` were sent on, in order (a batch that fell back
+    /// shows `[Batched, PerJob]`). Only completions that went through a running client's
+    /// completer are recorded, not `finalize_with_retry` or `work_one` called directly.
+    pub fn sent_on(job_id: i64) -> Vec<Path> {
+        SENT.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(j, _)| *j == job_id)
+            .map(|(_, p)| *p)
+            .collect()
+    }
+
+    /// [`check`] for a batch: fires for the first of `job_ids` with a fault armed at `point`.
+    pub(crate) fn check_any(point: Point, job_ids: &[i64]) -> Result<(), sqlx::Error> {
+        job_ids.iter().try_for_each(|id| check(point, *id))
+    }
+
     pub(crate) fn check(point: Point, job_id: i64) -> Result<(), sqlx::Error> {
         let mut armed = ARMED.lock().unwrap_or_else(|p| p.into_inner());
         let hit = armed
@@ -214,11 +255,21 @@ mod imp {
 #[cfg(feature = "test-seams")]
 pub use imp::{
     arm, force_claim_ahead, hits, hold_after_return, hold_reconnect, is_held, is_reconnect_held,
-    release, release_reconnect,
+    release, release_reconnect, sent_on,
 };
 
 #[cfg(feature = "test-seams")]
-pub(crate) use imp::{after_return, check, forced_claim_ahead, reconnecting};
+pub(crate) use imp::{after_return, check, check_any, forced_claim_ahead, reconnecting, sent};
+
+#[cfg(not(feature = "test-seams"))]
+#[inline(always)]
+pub(crate) fn sent(_job_id: i64, _path: Path) {}
+
+#[cfg(not(feature = "test-seams"))]
+#[inline(always)]
+pub(crate) fn check_any(_point: Point, _job_ids: &[i64]) -> Result<(), sqlx::Error> {
+    Ok(())
+}
 
 #[cfg(not(feature = "test-seams"))]
 #[inline(always)]

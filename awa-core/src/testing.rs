@@ -6,6 +6,7 @@ use crate::executor::context::{CancelSignal, JobContext, ProgressBuffer, StateMa
 use crate::executor::result::{Outcome, Returned};
 use crate::executor::runner::transition_for;
 use crate::executor::{callbacks::CallbackWaiters, ErasedHandler};
+use crate::finalizer::batched::complete_batch_with_follow_ups;
 use crate::finalizer::{finalize_with_retry, Finalization, Finalized, Transition};
 use crate::follow_ups::FollowUps;
 use crate::model::{JobRow, JobState};
@@ -54,6 +55,20 @@ pub async fn work_one_of_kind(
     kind: Option<&str>,
     handler: Arc<dyn ErasedHandler>,
     specs: &Specs,
+) -> Result<WorkResult> {
+    work_one_on(pool, queue, kind, handler, specs, false).await
+}
+
+/// [`work_one_of_kind`], finalizing a completion as the runtime's batched completer does
+/// with `RuntimeConfig::batch_follow_ups` on (`complete_batch_with_follow_ups`, a batch of
+/// one) when `batched`, else with `finalize_with_retry`.
+pub async fn work_one_on(
+    pool: &Db,
+    queue: &str,
+    kind: Option<&str>,
+    handler: Arc<dyn ErasedHandler>,
+    specs: &Specs,
+    batched: bool,
 ) -> Result<WorkResult> {
     let deadline = Duration::from_secs(300);
     let mut jobs = match kind {
@@ -129,7 +144,14 @@ pub async fn work_one_of_kind(
         progress,
         dlq: false,
     };
-    let done = finalize_with_retry(pool, &fin, specs).await?;
+    let done = if batched && fin.transition == Transition::Completed {
+        complete_batch_with_follow_ups(pool, std::slice::from_ref(&fin), specs)
+            .await?
+            .pop()
+            .unwrap_or_else(|| Err(AwaError::State("the batch reported nothing".into())))?
+    } else {
+        finalize_with_retry(pool, &fin, specs).await?
+    };
     let stored = match get_job(pool, job.id).await {
         Ok(j) => Some(j),
         Err(AwaError::JobNotFound(_)) => None,

@@ -773,6 +773,17 @@ const INSERT_GATE: i64 = 4_604_604;
 
 #[tokio::test]
 async fn a_finalization_past_its_deadline_is_given_up_and_commits_all_or_nothing() {
+    finalization_past_its_deadline(false).await;
+}
+
+/// The same on the batched path: the batch passes the deadline, its job is handed to the
+/// per-job path, which passes it too (waiting on the batch's row lock, then at the gate).
+#[tokio::test]
+async fn a_batch_past_its_deadline_is_given_up_and_commits_all_or_nothing() {
+    finalization_past_its_deadline(true).await;
+}
+
+async fn finalization_past_its_deadline(batch_follow_ups: bool) {
     let db = TestDb::new().await;
     // Inserting the follow-up waits inside the completion transaction until the test opens
     // the gate (an advisory lock the test holds), so the runtime's deadline passes for sure
@@ -810,6 +821,7 @@ async fn a_finalization_past_its_deadline_is_given_up_and_commits_all_or_nothing
             maintenance: false,
             // Long enough that the completion statement surely reaches the gate before it.
             finalize_deadline: Duration::from_secs(3),
+            batch_follow_ups,
             ..fast_config()
         })
         .register::<Task, _, _>(|args, ctx| {

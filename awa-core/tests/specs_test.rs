@@ -8,7 +8,7 @@ mod support;
 use awa_core::finalizer::{finalize_with_retry, Finalization, Finalized, Transition};
 use awa_core::follow_ups::SealedFollowUps;
 use awa_core::metrics;
-use awa_core::seams::{self, Point};
+use awa_core::seams::{self, Path, Point};
 use awa_core::storage::claim::claim_batch;
 use awa_core::{
     get_job, insert, insert_with, AwaError, Client, ClientBuilder, EnqueueRequest, JobArgs,
@@ -364,10 +364,17 @@ async fn a_panicking_spec_rolls_the_outcome_back() {
     );
 }
 
-#[tokio::test]
-async fn only_kinds_with_completed_specs_take_the_per_job_completion_path() {
+/// With `batch_follow_ups` off, a kind with a registered Completed spec takes the per-job
+/// completion path and every other kind (even one with specs for other outcomes) is batched;
+/// with it on (the default), both are batched and the spec's follow-up commits in the batch.
+/// Either way a try that fails before its commit is retried and the follow-up inserted once.
+async fn completions_with_specs_take_the_configured_path(batch_follow_ups: bool) {
     let db = test_db().await;
     let client = builder(&db)
+        .config(awa_core::RuntimeConfig {
+            batch_follow_ups,
+            ..fast_config()
+        })
         .on_completed_enqueue::<Order, Notice, _>(|a| notice(a.n, "completed"))
         // Specs for other outcomes do not take a kind off the batched completion path.
         .on_exhausted_enqueue::<Plain, Notice, _>(|a| notice(a.n, "plain exhausted"))
@@ -375,28 +382,23 @@ async fn only_kinds_with_completed_specs_take_the_per_job_completion_path() {
         .expect("build");
     let with_spec = insert(&db.pool, order(1, "ok")).await.expect("insert");
     let plain = insert(&db.pool, Plain { n: 2 }).await.expect("insert");
-    // The seam sits only on the per-job path: a hit shows which path a completion took, and
-    // the per-job path retries the failed commit.
     seams::arm(Point::BeforeCommit, Some(with_spec.id), 1);
-    seams::arm(Point::BeforeCommit, Some(plain.id), 1);
-    let batched_before = metric(&metrics::JOBS_COMPLETED_BATCHED);
-    let per_job_before = metric(&metrics::JOBS_FINALIZED_PER_JOB);
     client.start().await.expect("start");
     wait_for_state(&db, with_spec.id, &[JobState::Completed], T).await;
     wait_for_state(&db, plain.id, &[JobState::Completed], T).await;
     client.shutdown(Duration::from_secs(5)).await;
+    let expected = if batch_follow_ups {
+        Path::Batched
+    } else {
+        Path::PerJob
+    };
+    assert_eq!(seams::sent_on(with_spec.id), vec![expected]);
     assert_eq!(
-        seams::hits(Point::BeforeCommit, with_spec.id),
-        1,
-        "the kind with a Completed spec used the per-job path"
+        seams::sent_on(plain.id),
+        vec![Path::Batched],
+        "the kind without a Completed spec was batched"
     );
-    assert_eq!(
-        seams::hits(Point::BeforeCommit, plain.id),
-        0,
-        "the kind without one was batched"
-    );
-    assert!(metric(&metrics::JOBS_COMPLETED_BATCHED) > batched_before);
-    assert!(metric(&metrics::JOBS_FINALIZED_PER_JOB) > per_job_before);
+    assert_eq!(seams::hits(Point::BeforeCommit, with_spec.id), 1);
     let got: Vec<Notice> = notices(&db).await.into_iter().map(|(_, n)| n).collect();
     assert_eq!(
         got,
@@ -406,6 +408,16 @@ async fn only_kinds_with_completed_specs_take_the_per_job_completion_path() {
         }],
         "inserted once despite the retry"
     );
+}
+
+#[tokio::test]
+async fn completions_with_specs_are_batched_with_batch_follow_ups_on() {
+    completions_with_specs_take_the_configured_path(true).await;
+}
+
+#[tokio::test]
+async fn only_kinds_with_completed_specs_take_the_per_job_path_with_batch_follow_ups_off() {
+    completions_with_specs_take_the_configured_path(false).await;
 }
 
 #[tokio::test]

@@ -8,19 +8,20 @@
 mod common;
 mod support;
 
+use awa_core::finalizer::batched::complete_batch_with_follow_ups;
 use awa_core::finalizer::{finalize_with_retry, Finalization, Finalized, Transition};
 use awa_core::follow_ups::SealedFollowUps;
 use awa_core::maintenance::rescue::{rescue_stale, RescueKind};
 use awa_core::metrics;
-use awa_core::seams::{self, Point};
+use awa_core::seams::{self, Path, Point};
 use awa_core::specs::Specs;
 use awa_core::storage::claim::{claim_batch, claim_kind};
 use awa_core::storage::dlq;
-use awa_core::testing::work_one;
+use awa_core::testing::work_one_on;
 use awa_core::{
-    get_job, insert, insert_many, insert_with, Client, ClientBuilder, EnqueueRequest, FollowUps,
-    HandlerResult, JobArgs, JobContext, JobError, JobResult, JobRow, JobState, QueueConfig,
-    StageError, UniqueOpts, Worker,
+    get_job, insert, insert_many, insert_with, AwaError, Client, ClientBuilder, EnqueueRequest,
+    FollowUps, HandlerResult, JobArgs, JobContext, JobError, JobResult, JobRow, JobState,
+    QueueConfig, RuntimeConfig, StageError, UniqueOpts, Worker,
 };
 use common::TestDb;
 use futures_util::future::BoxFuture;
@@ -115,10 +116,10 @@ async fn notices(db: &TestDb) -> Vec<(JobRow, Notice)> {
         .collect()
 }
 
-fn base(db: &TestDb) -> ClientBuilder {
+fn base(db: &TestDb, path: Path) -> ClientBuilder {
     Client::builder(db.pool.clone())
         .queue("default", QueueConfig::new(4))
-        .config(fast_config())
+        .config(config(path, fast_config()))
 }
 
 /// A sealed buffer holding `items` as staged B follow-ups.
@@ -155,16 +156,84 @@ fn completion(job: &Arc<JobRow>, follow_ups: SealedFollowUps) -> Finalization {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Both completion paths
+// ---------------------------------------------------------------------------------------------
+
+/// Every test below runs twice: `<test>::batched`, with `RuntimeConfig::batch_follow_ups` on
+/// (completions with follow-ups share a transaction with the rest of their batch), and
+/// `<test>::per_job`, with it off (ADR-046's per-job completion transaction). Tests that
+/// finalize by hand use [`finalize`] and [`work`], which take the same two paths.
+macro_rules! on_both_paths {
+    ($($test:ident),* $(,)?) => {$(
+        mod $test {
+            #[tokio::test]
+            async fn batched() {
+                super::$test(awa_core::seams::Path::Batched).await
+            }
+            #[tokio::test]
+            async fn per_job() {
+                super::$test(awa_core::seams::Path::PerJob).await
+            }
+        }
+    )*};
+}
+
+/// `settings` with the completion path of `path`.
+fn config(path: Path, settings: RuntimeConfig) -> RuntimeConfig {
+    RuntimeConfig {
+        batch_follow_ups: path == Path::Batched,
+        ..settings
+    }
+}
+
+/// Finalize `fin` by hand on `path`: `complete_batch_with_follow_ups` (a batch of one), or
+/// `finalize_with_retry`.
+async fn finalize(
+    path: Path,
+    pool: &awa_core::Db,
+    fin: &Finalization,
+    specs: &Specs,
+) -> Result<Finalized, AwaError> {
+    match path {
+        Path::Batched => complete_batch_with_follow_ups(pool, std::slice::from_ref(fin), specs)
+            .await?
+            .pop()
+            .expect("one result per finalization"),
+        Path::PerJob => finalize_with_retry(pool, fin, specs).await,
+    }
+}
+
+/// `work_one` finalizing on `path`.
+async fn work(
+    path: Path,
+    pool: &awa_core::Db,
+    queue: &str,
+    handler: Arc<dyn awa_core::ErasedHandler>,
+    specs: &Specs,
+) -> awa_core::Result<awa_core::testing::WorkResult> {
+    work_one_on(pool, queue, None, handler, specs, path == Path::Batched).await
+}
+
+/// The completion of `job_id`, which inserted follow-ups, was sent on `path` by the runtime.
+fn assert_sent(path: Path, job_id: i64) {
+    assert_eq!(
+        seams::sent_on(job_id).last(),
+        Some(&path),
+        "job {job_id} completed on the wrong path: {:?}",
+        seams::sent_on(job_id)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
 // Inserted with the completion
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn the_pipeline_example_runs_one_b_per_distinct_item() {
+async fn the_pipeline_example_runs_one_b_per_distinct_item(path: Path) {
     let db = test_db().await;
     let processed: Arc<Mutex<Vec<i64>>> = Arc::default();
     let p = processed.clone();
     // The ADR's example, verbatim apart from the StageB handler.
-    let client = base(&db)
+    let client = base(&db, path)
         .register::<StageA, _, _>(|args, ctx| {
             let follow_ups = ctx.follow_ups();
             async move {
@@ -196,6 +265,7 @@ async fn the_pipeline_example_runs_one_b_per_distinct_item() {
     client.start().await.expect("start");
     for a in &a_rows {
         wait_for_state(&db, a.id, &[JobState::Completed], T).await;
+        assert_sent(path, a.id);
     }
     let b_rows = eventually("three completed Bs", T, || async {
         let rows = bs(&db).await;
@@ -233,10 +303,9 @@ async fn the_pipeline_example_runs_one_b_per_distinct_item() {
     }
 }
 
-#[tokio::test]
-async fn deduplication_uses_the_follow_ups_own_key_and_keeps_its_other_options() {
+async fn deduplication_uses_the_follow_ups_own_key_and_keeps_its_other_options(path: Path) {
     let db = test_db().await;
-    let client = base(&db)
+    let client = base(&db, path)
         .register::<StageA, _, _>(|args, ctx| {
             let follow_ups = ctx.follow_ups();
             let me = ctx.job().id;
@@ -319,8 +388,7 @@ async fn deduplication_uses_the_follow_ups_own_key_and_keeps_its_other_options()
     );
 }
 
-#[tokio::test]
-async fn a_worker_stages_through_its_context() {
+async fn a_worker_stages_through_its_context(path: Path) {
     struct Direct;
     impl Worker for Direct {
         fn kind(&self) -> String {
@@ -344,12 +412,16 @@ async fn a_worker_stages_through_its_context() {
         }
     }
     let db = test_db().await;
-    let client = base(&db).register_worker(Direct).build().expect("build");
+    let client = base(&db, path)
+        .register_worker(Direct)
+        .build()
+        .expect("build");
     let a = insert(&db.pool, stage_a(4, "ok")).await.expect("insert");
     client.start().await.expect("start");
     let done = wait_for_state(&db, a.id, &[JobState::Completed], T).await;
     wait_idle(&client, T).await;
     client.shutdown(Duration::from_secs(5)).await;
+    assert_sent(path, a.id);
     let rows = bs(&db).await;
     assert_eq!(
         rows.iter().map(|(_, b)| b.item_id).collect::<Vec<_>>(),
@@ -362,10 +434,9 @@ async fn a_worker_stages_through_its_context() {
         .all(|(b, _)| Some(b.created_at) == done.finalized_at));
 }
 
-#[tokio::test]
-async fn fan_out_and_a_registered_spec_commit_in_one_completion_spec_first() {
+async fn fan_out_and_a_registered_spec_commit_in_one_completion_spec_first(path: Path) {
     let db = test_db().await;
-    let client = base(&db)
+    let client = base(&db, path)
         .register::<StageA, _, _>(|_args, ctx| {
             let follow_ups = ctx.follow_ups();
             async move {
@@ -385,6 +456,7 @@ async fn fan_out_and_a_registered_spec_commit_in_one_completion_spec_first() {
     client.start().await.expect("start");
     let done = wait_for_state(&db, a.id, &[JobState::Completed], T).await;
     client.shutdown(Duration::from_secs(5)).await;
+    assert_sent(path, a.id);
     let at = done.finalized_at.expect("finalized");
     let spec = notices(&db).await;
     assert_eq!(spec.len(), 1);
@@ -412,10 +484,9 @@ async fn fan_out_and_a_registered_spec_commit_in_one_completion_spec_first() {
 // Discarded on every other outcome
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn staged_follow_ups_are_discarded_on_every_outcome_but_completed() {
+async fn staged_follow_ups_are_discarded_on_every_outcome_but_completed(path: Path) {
     let db = test_db().await;
-    let client = base(&db)
+    let client = base(&db, path)
         .queue("default", QueueConfig::new(8))
         .register::<StageA, _, _>(|args, ctx| {
             let follow_ups = ctx.follow_ups();
@@ -492,11 +563,9 @@ async fn staged_follow_ups_are_discarded_on_every_outcome_but_completed() {
         b_items(&db).await
     );
     assert_eq!(count_kind(&db, "labeled").await, 0);
-    // Only this test returns WaitForCallback with follow-ups staged (two of them).
-    assert_eq!(
-        metric(&metrics::STAGED_DISCARDED_WAIT_FOR_CALLBACK) - wfc_before,
-        2
-    );
+    // Only this test returns WaitForCallback with follow-ups staged (two of them), but it runs
+    // on both paths at once; the warning below, recorded on this test's thread, pins the count.
+    assert!(metric(&metrics::STAGED_DISCARDED_WAIT_FOR_CALLBACK) - wfc_before >= 2);
     assert!(metric(&metrics::STAGED_DISCARDED) - discarded_before >= 8);
     // Returning WaitForCallback with staged follow-ups is logged at warn with kind, job id and
     // count, never args.
@@ -563,6 +632,7 @@ impl Worker for WaitThenStage {
 
 fn waiting_client(
     db: &TestDb,
+    path: Path,
 ) -> (
     Client,
     mpsc::UnboundedReceiver<String>,
@@ -570,7 +640,7 @@ fn waiting_client(
 ) {
     let (tx, rx) = mpsc::unbounded_channel();
     let errors: Arc<Mutex<Vec<String>>> = Arc::default();
-    let client = base(db)
+    let client = base(db, path)
         .register_worker(WaitThenStage {
             tokens: tx,
             errors: errors.clone(),
@@ -581,10 +651,11 @@ fn waiting_client(
     (client, rx, errors)
 }
 
-#[tokio::test]
-async fn follow_ups_staged_around_an_in_handler_wait_are_inserted_when_the_handler_completes() {
+async fn follow_ups_staged_around_an_in_handler_wait_are_inserted_when_the_handler_completes(
+    path: Path,
+) {
     let db = test_db().await;
-    let (client, mut tokens, errors) = waiting_client(&db);
+    let (client, mut tokens, errors) = waiting_client(&db, path);
     let a = insert(&db.pool, stage_a(1, "ok")).await.expect("insert");
     client.start().await.expect("start");
     let token = tokio::time::timeout(T, tokens.recv())
@@ -619,10 +690,9 @@ async fn follow_ups_staged_around_an_in_handler_wait_are_inserted_when_the_handl
     assert_eq!(notices(&db).await.len(), 1);
 }
 
-#[tokio::test]
-async fn complete_external_during_an_in_handler_wait_discards_the_staged_follow_ups() {
+async fn complete_external_during_an_in_handler_wait_discards_the_staged_follow_ups(path: Path) {
     let db = test_db().await;
-    let (client, mut tokens, errors) = waiting_client(&db);
+    let (client, mut tokens, errors) = waiting_client(&db, path);
     let a = insert(&db.pool, stage_a(1, "ok")).await.expect("insert");
     client.start().await.expect("start");
     let token = tokio::time::timeout(T, tokens.recv())
@@ -660,10 +730,9 @@ async fn complete_external_during_an_in_handler_wait_discards_the_staged_follow_
     );
 }
 
-#[tokio::test]
-async fn an_abandoned_attempt_leaves_nothing_and_only_the_completing_attempt_inserts() {
+async fn an_abandoned_attempt_leaves_nothing_and_only_the_completing_attempt_inserts(path: Path) {
     let db = test_db().await;
-    let client = base(&db)
+    let client = base(&db, path)
         .queue(
             "default",
             QueueConfig::new(2).deadline(Duration::from_millis(300)),
@@ -706,10 +775,9 @@ async fn an_abandoned_attempt_leaves_nothing_and_only_the_completing_attempt_ins
 // Poisoning and sealing
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn a_swallowed_staging_error_fails_the_attempt() {
+async fn a_swallowed_staging_error_fails_the_attempt(path: Path) {
     let db = test_db().await;
-    let client = base(&db)
+    let client = base(&db, path)
         .queue("dead", QueueConfig::new(2).dlq(true))
         .register::<StageA, _, _>(|args, ctx| {
             let follow_ups = ctx.follow_ups();
@@ -794,13 +862,12 @@ async fn a_swallowed_staging_error_fails_the_attempt() {
     assert!(metric(&metrics::ATTEMPTS_POISONED) - poisoned_before >= 2);
 }
 
-#[tokio::test]
-async fn staging_after_the_handler_returned_is_refused() {
+async fn staging_after_the_handler_returned_is_refused(path: Path) {
     let db = test_db().await;
     let gate = Arc::new(Notify::new());
     let (tx, mut results) = mpsc::unbounded_channel::<Result<(), StageError>>();
     let g = gate.clone();
-    let client = base(&db)
+    let client = base(&db, path)
         .register::<StageA, _, _>(move |_args, ctx| {
             let follow_ups = ctx.follow_ups();
             let (g, tx) = (g.clone(), tx.clone());
@@ -850,12 +917,11 @@ async fn stage_once_held(follow_ups: FollowUps, item_id: i64) -> Result<(), Stag
 /// handler's future completes. The seam holds the runner right after the outcome is handed
 /// over, so each spawned task's stage lands in exactly the window where a runner that sealed
 /// later would still accept it: 200 of 200 must be Sealed, and no B may exist.
-#[tokio::test]
-async fn a_stage_from_a_spawned_task_after_return_is_sealed_every_time() {
+async fn a_stage_from_a_spawned_task_after_return_is_sealed_every_time(path: Path) {
     const N: i64 = 200;
     let db = test_db().await;
     let (tx, mut results) = mpsc::unbounded_channel::<Result<(), StageError>>();
-    let client = base(&db)
+    let client = base(&db, path)
         .register::<StageA, _, _>(move |args, ctx| {
             let follow_ups = ctx.follow_ups();
             seams::hold_after_return(&follow_ups);
@@ -910,8 +976,7 @@ async fn a_stage_from_a_spawned_task_after_return_is_sealed_every_time() {
 }
 
 /// The same for the `work_one` harness: it seals when the handler's future completes.
-#[tokio::test]
-async fn work_one_seals_when_the_handler_returns() {
+async fn work_one_seals_when_the_handler_returns(path: Path) {
     const N: i64 = 200;
     let db = test_db().await;
     let (tx, mut results) = mpsc::unbounded_channel::<Result<(), StageError>>();
@@ -931,7 +996,7 @@ async fn work_one_seals_when_the_handler_returns() {
     let mut sealed = 0;
     for n in 0..N {
         insert(&db.pool, stage_a(n, "ok")).await.expect("insert");
-        let r = work_one(&db.pool, "default", h.clone(), &Specs::default())
+        let r = work(path, &db.pool, "default", h.clone(), &Specs::default())
             .await
             .expect("work_one");
         assert_eq!(r.outcome, "completed");
@@ -954,10 +1019,10 @@ async fn work_one_seals_when_the_handler_returns() {
 /// Ids of the A jobs whose handler ran.
 type Ran = Arc<Mutex<Vec<i64>>>;
 
-fn staging_client(db: &TestDb, config: awa_core::RuntimeConfig, ran: &Ran) -> Client {
+fn staging_client(db: &TestDb, path: Path, settings: RuntimeConfig, ran: &Ran) -> Client {
     let ran = ran.clone();
-    base(db)
-        .config(config)
+    base(db, path)
+        .config(config(path, settings))
         .register::<StageA, _, _>(move |args, ctx| {
             let follow_ups = ctx.follow_ups();
             ran.lock().expect("lock").push(ctx.job().id);
@@ -979,16 +1044,15 @@ fn staging_client(db: &TestDb, config: awa_core::RuntimeConfig, ran: &Ran) -> Cl
 /// Item 6 of issue 12: while a finalization waits for a working connection after a lost one,
 /// its job stays in flight and keeps being heartbeated (so rescue cannot re-run it), and the
 /// retry then commits the completion with its staged follow-up, once.
-#[tokio::test]
-async fn a_finalization_waiting_to_reconnect_keeps_its_job_heartbeated() {
+async fn a_finalization_waiting_to_reconnect_keeps_its_job_heartbeated(path: Path) {
     let db = test_db().await;
     let ran = Ran::default();
     let config = awa_core::RuntimeConfig {
         // Long enough that the reconnect budget (capped at half of it) is not the limit.
         heartbeat_staleness: Duration::from_secs(20),
-        ..fast_config()
+        ..config(path, fast_config())
     };
-    let client = staging_client(&db, config, &ran);
+    let client = staging_client(&db, path, config, &ran);
     let a = insert(&db.pool, stage_a(7, "ok")).await.expect("insert");
     // The first try loses its connection; the retry waits at the hold before reconnecting.
     seams::arm(Point::BeforeCommit, Some(a.id), 1);
@@ -1019,12 +1083,11 @@ async fn a_finalization_waiting_to_reconnect_keeps_its_job_heartbeated() {
     assert_eq!(ran.lock().expect("lock").len(), 1, "the handler ran once");
 }
 
-#[tokio::test]
-async fn a_rejected_insert_rolls_the_whole_completion_back() {
+async fn a_rejected_insert_rolls_the_whole_completion_back(path: Path) {
     let db = test_db().await;
     // No maintenance: nothing rescues what the failed completion leaves running.
     let ran = Ran::default();
-    let client = staging_client(&db, quiet_config(), &ran);
+    let client = staging_client(&db, path, quiet_config(), &ran);
     reject_inserts_of(&db, "stage_b").await;
 
     let a = insert(&db.pool, stage_a(1, "ok")).await.expect("insert");
@@ -1054,7 +1117,7 @@ async fn a_rejected_insert_rolls_the_whole_completion_back() {
     // sealed follow-ups commit with the completion.
     let job = claim_a(&db, stage_a(2, "ok")).await;
     let fin = completion(&job, sealed(&[2]));
-    let err = finalize_with_retry(&db.pool, &fin, client.specs())
+    let err = finalize(path, &db.pool, &fin, client.specs())
         .await
         .expect_err("the insert is rejected");
     assert!(
@@ -1070,7 +1133,7 @@ async fn a_rejected_insert_rolls_the_whole_completion_back() {
         .await
         .expect("drop trigger");
     assert_eq!(
-        finalize_with_retry(&db.pool, &fin, client.specs())
+        finalize(path, &db.pool, &fin, client.specs())
             .await
             .expect("finalize"),
         Finalized::Applied
@@ -1083,10 +1146,9 @@ async fn a_rejected_insert_rolls_the_whole_completion_back() {
     assert_eq!(count_kind(&db, "notice").await, 1);
 }
 
-#[tokio::test]
-async fn a_unique_violation_on_another_index_rolls_the_completion_back() {
+async fn a_unique_violation_on_another_index_rolls_the_completion_back(path: Path) {
     let db = test_db().await;
-    let client = staging_client(&db, quiet_config(), &Ran::default());
+    let client = staging_client(&db, path, quiet_config(), &Ran::default());
     // An application's own unique index on the follow-up's table: only a conflict on
     // idx_awa_jobs_unique is a duplicate to skip; this one is an error like any other.
     sqlx::query(
@@ -1101,9 +1163,14 @@ async fn a_unique_violation_on_another_index_rolls_the_completion_back() {
         .await
         .expect("insert");
     let job = claim_a(&db, stage_a(3, "ok")).await;
-    let err = finalize_with_retry(&db.pool, &completion(&job, sealed(&[3])), client.specs())
-        .await
-        .expect_err("the other unique index rejects the follow-up");
+    let err = finalize(
+        path,
+        &db.pool,
+        &completion(&job, sealed(&[3])),
+        client.specs(),
+    )
+    .await
+    .expect_err("the other unique index rejects the follow-up");
     assert!(err.to_string().contains("test_item_unique"), "{err}");
     let row = get_job(&db.pool, job.id).await.expect("get");
     assert_eq!((row.state, row.finalized_at), (JobState::Running, None));
@@ -1115,10 +1182,9 @@ async fn a_unique_violation_on_another_index_rolls_the_completion_back() {
     );
 }
 
-#[tokio::test]
-async fn a_lost_acknowledgement_inserts_the_follow_up_once() {
+async fn a_lost_acknowledgement_inserts_the_follow_up_once(path: Path) {
     let db = test_db().await;
-    let client = staging_client(&db, fast_config(), &Ran::default());
+    let client = staging_client(&db, path, fast_config(), &Ran::default());
     let a = insert(&db.pool, stage_a(1, "ok")).await.expect("insert");
     // The completion commits, then the finalizer sees a broken connection and retries.
     seams::arm(Point::AfterCommit, Some(a.id), 1);
@@ -1127,6 +1193,7 @@ async fn a_lost_acknowledgement_inserts_the_follow_up_once() {
     wait_idle(&client, T).await;
     client.shutdown(Duration::from_secs(5)).await;
     assert_eq!(seams::hits(Point::AfterCommit, a.id), 1);
+    assert_sent(path, a.id);
     assert_eq!(
         b_items(&db).await,
         vec![1],
@@ -1137,9 +1204,14 @@ async fn a_lost_acknowledgement_inserts_the_follow_up_once() {
     // The same through finalize_with_retry directly: the retry reports the attempt stale.
     let job = claim_a(&db, stage_a(2, "ok")).await;
     seams::arm(Point::AfterCommit, Some(job.id), 1);
-    let done = finalize_with_retry(&db.pool, &completion(&job, sealed(&[2])), &Specs::default())
-        .await
-        .expect("finalize");
+    let done = finalize(
+        path,
+        &db.pool,
+        &completion(&job, sealed(&[2])),
+        &Specs::default(),
+    )
+    .await
+    .expect("finalize");
     assert_eq!(
         done,
         Finalized::Stale,
@@ -1153,10 +1225,9 @@ async fn a_lost_acknowledgement_inserts_the_follow_up_once() {
     assert_eq!(b_items(&db).await, vec![1, 2]);
 }
 
-#[tokio::test]
-async fn a_failure_before_commit_is_retried_with_the_same_follow_ups() {
+async fn a_failure_before_commit_is_retried_with_the_same_follow_ups(path: Path) {
     let db = test_db().await;
-    let client = staging_client(&db, fast_config(), &Ran::default());
+    let client = staging_client(&db, path, fast_config(), &Ran::default());
     let a = insert(&db.pool, stage_a(1, "ok")).await.expect("insert");
     // Two tries fail before COMMIT; the third (the last allowed) commits.
     seams::arm(Point::BeforeCommit, Some(a.id), 2);
@@ -1164,6 +1235,7 @@ async fn a_failure_before_commit_is_retried_with_the_same_follow_ups() {
     wait_for_state(&db, a.id, &[JobState::Completed], T).await;
     client.shutdown(Duration::from_secs(5)).await;
     assert_eq!(seams::hits(Point::BeforeCommit, a.id), 2);
+    assert_sent(path, a.id);
     assert_eq!(
         b_items(&db).await,
         vec![1],
@@ -1173,7 +1245,8 @@ async fn a_failure_before_commit_is_retried_with_the_same_follow_ups() {
 
     let job = claim_a(&db, stage_a(2, "ok")).await;
     seams::arm(Point::BeforeCommit, Some(job.id), 1);
-    let done = finalize_with_retry(
+    let done = finalize(
+        path,
         &db.pool,
         &completion(&job, sealed(&[2, 3])),
         &Specs::default(),
@@ -1185,8 +1258,7 @@ async fn a_failure_before_commit_is_retried_with_the_same_follow_ups() {
     assert_eq!(b_items(&db).await, vec![1, 2, 3]);
 }
 
-#[tokio::test]
-async fn a_completion_under_a_superseded_lease_inserts_nothing() {
+async fn a_completion_under_a_superseded_lease_inserts_nothing(path: Path) {
     let db = test_db().await;
     let first = claim_a(&db, stage_a(1, "ok")).await;
     assert_eq!(first.run_lease, 1);
@@ -1215,7 +1287,8 @@ async fn a_completion_under_a_superseded_lease_inserts_nothing() {
     let second = Arc::new(reclaimed.pop().expect("reclaimed"));
     assert_eq!(second.run_lease, 2);
     // The first attempt completes with what it staged: its lease is stale.
-    let done = finalize_with_retry(
+    let done = finalize(
+        path,
         &db.pool,
         &completion(&first, sealed(&[1001])),
         &Specs::default(),
@@ -1235,7 +1308,8 @@ async fn a_completion_under_a_superseded_lease_inserts_nothing() {
         "the new attempt is untouched"
     );
     // The current lease completes with its own, different, follow-up.
-    let done = finalize_with_retry(
+    let done = finalize(
+        path,
         &db.pool,
         &completion(&second, sealed(&[1002])),
         &Specs::default(),
@@ -1246,15 +1320,21 @@ async fn a_completion_under_a_superseded_lease_inserts_nothing() {
     assert_eq!(b_items(&db).await, vec![1002]);
 }
 
-#[tokio::test]
-async fn a_superseded_handler_completing_through_the_runtime_inserts_nothing() {
+async fn a_superseded_handler_completing_through_the_runtime_inserts_nothing(path: Path) {
     let db = test_db().await;
     let gate = Arc::new(Notify::new());
     let entered = Arc::new(Notify::new());
     let (g, e) = (gate.clone(), entered.clone());
-    let client = base(&db)
+    let client = base(&db, path)
         .queue("default", QueueConfig::new(1))
-        .config(quiet_config())
+        .config(config(
+            path,
+            awa_core::RuntimeConfig {
+                // No heartbeat between the test aging the heartbeat and rescuing the job.
+                heartbeat_interval: Duration::from_secs(3600),
+                ..quiet_config()
+            },
+        ))
         .register::<StageA, _, _>(move |_args, ctx| {
             let follow_ups = ctx.follow_ups();
             let attempt = i64::from(ctx.job().attempt);
@@ -1316,11 +1396,14 @@ async fn a_superseded_handler_completing_through_the_runtime_inserts_nothing() {
     );
 }
 
-#[tokio::test]
-async fn only_jobs_that_staged_take_the_per_job_completion_path() {
+/// Path selection: with `batch_follow_ups` on, every completion joins the batch; off, only a
+/// job that staged nothing does and one that staged takes the per-job transaction (ADR-046,
+/// "Path selection is per job"). Either way a try that fails before its commit is retried
+/// with the same sealed follow-ups.
+async fn each_completion_takes_the_path_its_client_is_configured_for(path: Path) {
     let db = test_db().await;
-    // No registered Completed spec: only staging decides the path.
-    let client = base(&db)
+    // No registered Completed spec: only staging and the setting decide the path.
+    let client = base(&db, path)
         .register::<StageA, _, _>(|args, ctx| {
             let follow_ups = ctx.follow_ups();
             async move {
@@ -1334,36 +1417,38 @@ async fn only_jobs_that_staged_take_the_per_job_completion_path() {
         .expect("build");
     let quiet = insert(&db.pool, stage_a(1, "none")).await.expect("insert");
     let staging = insert(&db.pool, stage_a(2, "stage")).await.expect("insert");
-    // The seam sits on the per-job path only: its hits show which path each job took.
-    seams::arm(Point::BeforeCommit, Some(quiet.id), 1);
     seams::arm(Point::BeforeCommit, Some(staging.id), 1);
-    let batched_before = metric(&metrics::JOBS_COMPLETED_BATCHED);
-    let per_job_before = metric(&metrics::JOBS_FINALIZED_PER_JOB);
+    let (batched_before, per_job_before) = (
+        metric(&metrics::JOBS_COMPLETED_BATCHED),
+        metric(&metrics::JOBS_FINALIZED_PER_JOB),
+    );
     client.start().await.expect("start");
     wait_for_state(&db, quiet.id, &[JobState::Completed], T).await;
     wait_for_state(&db, staging.id, &[JobState::Completed], T).await;
     client.shutdown(Duration::from_secs(5)).await;
     assert_eq!(
-        seams::hits(Point::BeforeCommit, quiet.id),
-        0,
-        "a job that staged nothing was batched"
+        seams::sent_on(quiet.id),
+        vec![Path::Batched],
+        "a job that staged nothing is batched"
     );
+    assert_eq!(seams::sent_on(staging.id), vec![path]);
     assert_eq!(
         seams::hits(Point::BeforeCommit, staging.id),
         1,
-        "a job that staged took the per-job path"
+        "the failed try was retried"
     );
     assert!(metric(&metrics::JOBS_COMPLETED_BATCHED) > batched_before);
-    assert!(metric(&metrics::JOBS_FINALIZED_PER_JOB) > per_job_before);
-    assert_eq!(b_items(&db).await, vec![2]);
+    if path == Path::PerJob {
+        assert!(metric(&metrics::JOBS_FINALIZED_PER_JOB) > per_job_before);
+    }
+    assert_eq!(b_items(&db).await, vec![2], "inserted once");
 }
 
 // ---------------------------------------------------------------------------------------------
 // The work_one harness
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn work_one_inserts_with_completion_applies_poisoning_and_discards_otherwise() {
+async fn work_one_inserts_with_completion_applies_poisoning_and_discards_otherwise(path: Path) {
     let db = test_db().await;
     // Not started: only its specs are used.
     let client = Client::builder(db.pool.clone())
@@ -1412,14 +1497,14 @@ async fn work_one_inserts_with_completion_applies_poisoning_and_discards_otherwi
         insert(&db.pool, stage_a(n as i64, mode))
             .await
             .expect("insert");
-        let r = work_one(&db.pool, "default", h.clone(), client.specs())
+        let r = work(path, &db.pool, "default", h.clone(), client.specs())
             .await
             .expect("work_one");
         assert_eq!(r.outcome, *outcome, "{mode}: {r:?}");
         results.insert(*mode, r);
     }
     assert_eq!(
-        work_one(&db.pool, "default", h.clone(), client.specs())
+        work(path, &db.pool, "default", h.clone(), client.specs())
             .await
             .expect("work_one")
             .outcome,
@@ -1595,8 +1680,7 @@ mod trace {
     }
 }
 
-#[tokio::test]
-async fn the_follow_up_span_is_a_child_of_the_span_current_when_staged() {
+async fn the_follow_up_span_is_a_child_of_the_span_current_when_staged(path: Path) {
     let db = test_db().await;
     let a = insert(&db.pool, stage_a(3, "ok")).await.expect("insert");
     // Make the follow-up's insert wait on the server, so other tasks run meanwhile.
@@ -1635,7 +1719,7 @@ async fn the_follow_up_span_is_a_child_of_the_span_current_when_staged() {
             Ok(JobResult::Completed)
         }
     });
-    let result = work_one(&db.pool, "default", h, &Specs::default())
+    let result = work(path, &db.pool, "default", h, &Specs::default())
         .await
         .expect("work_one");
     ticker.abort();
@@ -1666,13 +1750,15 @@ async fn the_follow_up_span_is_a_child_of_the_span_current_when_staged() {
         enqueue.fields
     );
 
-    // The completion and the insert are one statement, sent once.
+    // The completion and the insert are one statement (per job) or one insert statement
+    // after the batch's guarded completion (batched), sent once.
+    let insert_statement = match path {
+        Path::PerJob => "awa.complete_with_follow_ups(",
+        Path::Batched => "ON CONFLICT (unique_key)",
+    };
     let statements: Vec<_> = events
         .iter()
-        .filter(|e| {
-            e.target.starts_with("sqlx::query")
-                && e.fields.contains("awa.complete_with_follow_ups(")
-        })
+        .filter(|e| e.target.starts_with("sqlx::query") && e.fields.contains(insert_statement))
         .collect();
     assert_eq!(
         statements.len(),
@@ -1700,8 +1786,7 @@ async fn the_follow_up_span_is_a_child_of_the_span_current_when_staged() {
     );
 }
 
-#[tokio::test]
-async fn logs_name_kinds_and_job_ids_but_never_args() {
+async fn logs_name_kinds_and_job_ids_but_never_args(path: Path) {
     let db = test_db().await;
     let recorder = trace::Recorder::default();
     let rec = recorder.0.clone();
@@ -1742,13 +1827,13 @@ async fn logs_name_kinds_and_job_ids_but_never_args() {
     let ok = insert(&db.pool, stage_a(1, &format!("ok {MARKER}")))
         .await
         .expect("insert");
-    let ok_run = work_one(&db.pool, "default", h.clone(), &Specs::default())
+    let ok_run = work(path, &db.pool, "default", h.clone(), &Specs::default())
         .await
         .expect("work_one");
     let poisoned = insert(&db.pool, stage_a(2, &format!("poison {MARKER}")))
         .await
         .expect("insert");
-    let poison_run = work_one(&db.pool, "default", h, &Specs::default())
+    let poison_run = work(path, &db.pool, "default", h, &Specs::default())
         .await
         .expect("work_one");
     drop(guard);
@@ -1949,8 +2034,7 @@ fn staging_refuses_every_request_the_database_would_reject() {
     assert!(matches!(f.seal().poison, Some(StageError::Invalid(_))));
 }
 
-#[tokio::test]
-async fn requests_at_every_limit_stage_and_commit() {
+async fn requests_at_every_limit_stage_and_commit(path: Path) {
     let db = test_db().await;
     let queue = "é".repeat(200); // 200 characters, 400 bytes
     let tags: Vec<String> = (0..20).map(|i| format!("{i:0>200}")).collect();
@@ -1979,7 +2063,7 @@ async fn requests_at_every_limit_stage_and_commit() {
         }
     });
     insert(&db.pool, stage_a(1, "ok")).await.expect("insert");
-    let r = work_one(&db.pool, "default", h, &Specs::default())
+    let r = work(path, &db.pool, "default", h, &Specs::default())
         .await
         .expect("the completion commits");
     assert!(r.is_completed(), "{r:?}");
@@ -2005,12 +2089,13 @@ async fn requests_at_every_limit_stage_and_commit() {
     );
 }
 
-#[tokio::test]
-async fn a_handler_cancelled_by_shutdown_leaves_nothing_and_the_rescued_rerun_inserts_its_own() {
+async fn a_handler_cancelled_by_shutdown_leaves_nothing_and_the_rescued_rerun_inserts_its_own(
+    path: Path,
+) {
     let db = test_db().await;
     let started = Arc::new(Notify::new());
     let make = |started: Arc<Notify>| {
-        base(&db)
+        base(&db, path)
             .register::<StageA, _, _>(move |_args, ctx| {
                 let follow_ups = ctx.follow_ups();
                 let attempt = i64::from(ctx.job().attempt);
@@ -2062,3 +2147,235 @@ async fn a_handler_cancelled_by_shutdown_leaves_nothing_and_the_rescued_rerun_in
         "only the attempt that completed inserted its follow-up"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// The batched path with follow-ups (issue 17): one transaction for many completions
+// ---------------------------------------------------------------------------------------------
+
+/// A sealed buffer holding one unique B, with `metadata`.
+fn sealed_with(item_id: i64, metadata: serde_json::Value) -> SealedFollowUps {
+    let f = FollowUps::new();
+    f.enqueue_on_completion(
+        EnqueueRequest::new(StageB { item_id })
+            .unique(UniqueOpts::default())
+            .metadata(metadata),
+    )
+    .expect("stage");
+    f.seal()
+}
+
+/// One batch: the rows whose guard matched complete with their follow-ups, in batch order and
+/// per job registered spec first, then the staged ones in staging order; a superseded
+/// attempt in the same batch is stale and inserts nothing; of two jobs staging one key the
+/// first in the batch inserts it and the second commits against it.
+#[tokio::test]
+async fn a_batch_inserts_the_follow_ups_of_exactly_the_rows_that_matched_in_order() {
+    let db = test_db().await;
+    let client = Client::builder(db.pool.clone())
+        .on_completed_enqueue::<StageA, Notice, _>(|a| notice(a.n, "completed"))
+        .build()
+        .expect("build");
+    let first = claim_a(&db, stage_a(1, "ok")).await;
+    let second = claim_a(&db, stage_a(2, "ok")).await;
+    let plain = claim_a(&db, stage_a(3, "none")).await;
+    let same_key = claim_a(&db, stage_a(4, "ok")).await;
+    let mut superseded = (*claim_a(&db, stage_a(5, "ok")).await).clone();
+    superseded.run_lease -= 1;
+    let superseded = Arc::new(superseded);
+    let fins = vec![
+        completion(&first, sealed(&[10, 11])),
+        completion(&superseded, sealed(&[50])),
+        completion(&second, sealed_with(20, json!({"from": 2}))),
+        completion(&plain, SealedFollowUps::default()),
+        completion(&same_key, sealed_with(20, json!({"from": 4}))),
+    ];
+    let inserted_before = metric(&metrics::FOLLOW_UPS_INSERTED);
+    let results = complete_batch_with_follow_ups(&db.pool, &fins, client.specs())
+        .await
+        .expect("the batch ran");
+    let results: Vec<Finalized> = results.into_iter().map(|r| r.expect("finalized")).collect();
+    use Finalized::{Applied, Stale};
+    assert_eq!(results, vec![Applied, Stale, Applied, Applied, Applied]);
+    let row = get_job(&db.pool, superseded.id).await.expect("get");
+    assert_eq!(row.state, JobState::Running, "the newer lease is untouched");
+
+    let done = get_job(&db.pool, first.id).await.expect("get");
+    let rows = bs(&db).await;
+    assert_eq!(
+        rows.iter().map(|(_, b)| b.item_id).collect::<Vec<_>>(),
+        vec![10, 11, 20],
+        "nothing for the superseded attempt, one B for the shared key"
+    );
+    assert_eq!(
+        rows[2].0.metadata,
+        json!({"from": 2}),
+        "the first in the batch won"
+    );
+    assert!(rows
+        .iter()
+        .all(|(b, _)| Some(b.created_at) == done.finalized_at));
+    // Registered specs of every matched job (none for the superseded one), each before the
+    // job's staged follow-ups, jobs in batch order.
+    let mut ids: Vec<(i64, &str)> = notices(&db)
+        .await
+        .into_iter()
+        .map(|(j, n)| (j.id, if n.from == 1 { "spec 1" } else { "spec" }))
+        .collect();
+    assert_eq!(ids.len(), 4, "specs of jobs 1, 2, 3 and 4: {ids:?}");
+    ids.extend(
+        rows.iter()
+            .map(|(j, b)| (j.id, if b.item_id < 20 { "b 1" } else { "b 2" })),
+    );
+    ids.sort();
+    let order: Vec<&str> = ids.iter().map(|(_, what)| *what).collect();
+    assert_eq!(
+        order,
+        vec!["spec 1", "b 1", "b 1", "spec", "b 2", "spec", "spec"],
+        "per job spec first, then staged; jobs in batch order"
+    );
+    assert!(metric(&metrics::FOLLOW_UPS_INSERTED) - inserted_before >= 7);
+}
+
+/// A lost acknowledgement of a batch replays as stale: every follow-up is inserted once.
+#[tokio::test]
+async fn a_batch_whose_acknowledgement_was_lost_replays_as_stale() {
+    let db = test_db().await;
+    let a = claim_a(&db, stage_a(1, "ok")).await;
+    let b = claim_a(&db, stage_a(2, "ok")).await;
+    seams::arm(Point::AfterCommit, Some(b.id), 1);
+    let fins = vec![completion(&a, sealed(&[1])), completion(&b, sealed(&[2]))];
+    let results = complete_batch_with_follow_ups(&db.pool, &fins, &Specs::default())
+        .await
+        .expect("the batch ran");
+    assert_eq!(seams::hits(Point::AfterCommit, b.id), 1);
+    for r in results {
+        assert_eq!(
+            r.expect("finalized"),
+            Finalized::Stale,
+            "the retry found the commit"
+        );
+    }
+    for id in [a.id, b.id] {
+        assert_eq!(
+            get_job(&db.pool, id).await.expect("get").state,
+            JobState::Completed
+        );
+    }
+    assert_eq!(b_items(&db).await, vec![1, 2], "inserted once each");
+}
+
+/// A non-duplicate insert error rolls the whole batch back; each job is then finalized alone,
+/// so only the job whose follow-up is rejected stays running (until rescue) and the others
+/// complete with theirs.
+#[tokio::test]
+async fn a_rejected_insert_sends_each_job_of_the_batch_down_the_per_job_path() {
+    let db = test_db().await;
+    reject_inserts_of(&db, "labeled").await;
+    let good = claim_a(&db, stage_a(1, "ok")).await;
+    let bad = claim_a(&db, stage_a(2, "ok")).await;
+    let plain = claim_a(&db, stage_a(3, "none")).await;
+    let rejected = FollowUps::new();
+    rejected
+        .enqueue_on_completion(Labeled { label: "x".into() })
+        .expect("stage");
+    let fins = vec![
+        completion(&good, sealed(&[1])),
+        completion(&bad, rejected.seal()),
+        completion(&plain, SealedFollowUps::default()),
+    ];
+    let per_job_before = metric(&metrics::JOBS_FINALIZED_PER_JOB);
+    let results = complete_batch_with_follow_ups(&db.pool, &fins, &Specs::default())
+        .await
+        .expect("the batch ran");
+    let [good_r, bad_r, plain_r] = <[_; 3]>::try_from(results).expect("three results");
+    assert_eq!(good_r.expect("good"), Finalized::Applied);
+    assert_eq!(plain_r.expect("plain"), Finalized::Applied);
+    let err = bad_r.expect_err("the rejected follow-up fails its own completion");
+    assert!(
+        err.to_string().contains("test trigger rejects labeled"),
+        "{err}"
+    );
+    assert!(metric(&metrics::JOBS_FINALIZED_PER_JOB) - per_job_before >= 2);
+    let row = get_job(&db.pool, bad.id).await.expect("get");
+    assert_eq!((row.state, row.finalized_at), (JobState::Running, None));
+    assert_eq!(b_items(&db).await, vec![1]);
+    assert_eq!(count_kind(&db, "labeled").await, 0);
+
+    // Through the runtime: the job whose batch failed was sent on to the per-job path.
+    let client = base(&db, Path::Batched)
+        .config(config(Path::Batched, quiet_config()))
+        .register::<StageA, _, _>(|args, ctx| {
+            let follow_ups = ctx.follow_ups();
+            async move {
+                follow_ups.enqueue_on_completion(Labeled { label: args.mode })?;
+                Ok(JobResult::Completed)
+            }
+        })
+        .build()
+        .expect("build");
+    let a = insert(&db.pool, stage_a(9, "rejected"))
+        .await
+        .expect("insert");
+    client.start().await.expect("start");
+    eventually("the batch to fall back", T, || async {
+        (seams::sent_on(a.id) == vec![Path::Batched, Path::PerJob]).then_some(())
+    })
+    .await;
+    wait_idle(&client, T).await;
+    client.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(
+        get_job(&db.pool, a.id).await.expect("get").state,
+        JobState::Running
+    );
+}
+
+/// Two batches committing at once with follow-ups of one key: ON CONFLICT waits for the
+/// other transaction and skips, so exactly one B exists and both completions commit.
+#[tokio::test]
+async fn concurrent_batches_staging_one_key_insert_it_once() {
+    let db = test_db().await;
+    for round in 0..5 {
+        let a = claim_a(&db, stage_a(2 * round, "ok")).await;
+        let b = claim_a(&db, stage_a(2 * round + 1, "ok")).await;
+        let fa = vec![completion(&a, sealed(&[100 + round]))];
+        let fb = vec![completion(&b, sealed(&[100 + round]))];
+        let specs = Specs::default();
+        let (ra, rb) = tokio::join!(
+            complete_batch_with_follow_ups(&db.pool, &fa, &specs),
+            complete_batch_with_follow_ups(&db.pool, &fb, &specs)
+        );
+        for r in [ra, rb] {
+            let r = r.expect("the batch ran").pop().expect("one result");
+            assert_eq!(r.expect("finalized"), Finalized::Applied);
+        }
+    }
+    assert_eq!(b_items(&db).await, vec![100, 101, 102, 103, 104]);
+}
+
+on_both_paths!(
+    the_pipeline_example_runs_one_b_per_distinct_item,
+    deduplication_uses_the_follow_ups_own_key_and_keeps_its_other_options,
+    a_worker_stages_through_its_context,
+    fan_out_and_a_registered_spec_commit_in_one_completion_spec_first,
+    staged_follow_ups_are_discarded_on_every_outcome_but_completed,
+    follow_ups_staged_around_an_in_handler_wait_are_inserted_when_the_handler_completes,
+    complete_external_during_an_in_handler_wait_discards_the_staged_follow_ups,
+    an_abandoned_attempt_leaves_nothing_and_only_the_completing_attempt_inserts,
+    a_swallowed_staging_error_fails_the_attempt,
+    staging_after_the_handler_returned_is_refused,
+    a_stage_from_a_spawned_task_after_return_is_sealed_every_time,
+    work_one_seals_when_the_handler_returns,
+    a_finalization_waiting_to_reconnect_keeps_its_job_heartbeated,
+    a_rejected_insert_rolls_the_whole_completion_back,
+    a_unique_violation_on_another_index_rolls_the_completion_back,
+    a_lost_acknowledgement_inserts_the_follow_up_once,
+    a_failure_before_commit_is_retried_with_the_same_follow_ups,
+    a_completion_under_a_superseded_lease_inserts_nothing,
+    a_superseded_handler_completing_through_the_runtime_inserts_nothing,
+    each_completion_takes_the_path_its_client_is_configured_for,
+    work_one_inserts_with_completion_applies_poisoning_and_discards_otherwise,
+    the_follow_up_span_is_a_child_of_the_span_current_when_staged,
+    logs_name_kinds_and_job_ids_but_never_args,
+    requests_at_every_limit_stage_and_commit,
+    a_handler_cancelled_by_shutdown_leaves_nothing_and_the_rescued_rerun_inserts_its_own,
+);

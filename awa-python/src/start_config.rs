@@ -26,6 +26,9 @@ pub(crate) struct StartConfig {
     global_max_workers: Option<f64>,
     #[serde(default)]
     cleanup_batch_size: Option<f64>,
+    /// `RuntimeConfig::batch_follow_ups` (an addition to awa-pg's `start()`).
+    #[serde(default)]
+    batch_follow_ups: Option<bool>,
 }
 
 /// One queue: `max_workers` (hard-reserved) or `min_workers` + `weight` (weighted).
@@ -89,6 +92,9 @@ pub(crate) fn runtime_config(cfg: &StartConfig) -> Result<RuntimeConfig, AwaErro
     }
     if let Some(b) = cfg.completion_batch {
         rc.completion_batch = setting_count("completion_batch", b)?;
+    }
+    if let Some(on) = cfg.batch_follow_ups {
+        rc.batch_follow_ups = on;
     }
     if let Some(n) = cfg.global_max_workers {
         rc.global_max_workers = Some(setting_count("global_max_workers", n)?);

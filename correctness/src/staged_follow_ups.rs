@@ -50,17 +50,18 @@ pub const DEADLOCK_FREE: &str = "DeadlockFree";
 
 /// Reachability witnesses: the correct protocol must reach each, so the
 /// invariants do not pass vacuously. Same names as the TLA+ definitions.
-pub const WITNESSES: [&str; 6] = [
+pub const WITNESSES: [&str; 7] = [
     "WitnessDedupSkip",
     "WitnessKeyReinserted",
     "WitnessLostAckReplay",
     "WitnessRetryAfterAbort",
     "WitnessSupersededFinalizing",
     "WitnessExternalDiscard",
+    "WitnessBatchedReplay",
 ];
 
 /// The TLA+ action names, in the order `Next` lists them.
-pub const ACTIONS: [&str; 11] = [
+pub const ACTIONS: [&str; 13] = [
     "Claim",
     "Rescue",
     "CompleteExternal",
@@ -70,14 +71,16 @@ pub const ACTIONS: [&str; 11] = [
     "FinalizeAbort",
     "FinalizeStale",
     "CompleteBatched",
+    "FallBackToPerJob",
     "InsertAfterCommit",
+    "CompleteBatchedWithFollowUps",
     "ReleaseKey",
 ];
 
 // ---------------------------------------------------------------------------
 // Variants (the TLA+ constant `Variant`).
 
-/// The correct protocol or one of the five seeded bugs.
+/// The correct protocol or one of the six seeded bugs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Variant {
     /// The protocol of ADR-046. Violates nothing.
@@ -94,29 +97,34 @@ pub enum Variant {
     /// The first finalize try takes the sealed follow-ups, so a retry has none.
     /// Violates `CompletionHasFollowUp`.
     DrainOnFirstAttempt,
-    /// A job that staged something is sent down the batched path, which
-    /// inserts nothing. Violates `CompletionHasFollowUp`.
+    /// A job that staged something is sent down the plain batched statement,
+    /// which inserts nothing. Violates `CompletionHasFollowUp`.
     BatchedPath,
+    /// The batch with follow-ups inserts the follow-ups of every member, also
+    /// of those whose guard matched no row. Violates `FollowUpTracesToCommit`.
+    BatchInsertsUnmatched,
 }
 
 impl Variant {
     /// Every variant, the correct one first.
-    pub const ALL: [Variant; 6] = [
+    pub const ALL: [Variant; 7] = [
         Variant::Correct,
         Variant::InsertBeforeCompletion,
         Variant::InsertAfterCompletion,
         Variant::CompleteWithoutLeaseGuard,
         Variant::DrainOnFirstAttempt,
         Variant::BatchedPath,
+        Variant::BatchInsertsUnmatched,
     ];
 
-    /// The five seeded bugs.
-    pub const NEGATIVE: [Variant; 5] = [
+    /// The six seeded bugs.
+    pub const NEGATIVE: [Variant; 6] = [
         Variant::InsertBeforeCompletion,
         Variant::InsertAfterCompletion,
         Variant::CompleteWithoutLeaseGuard,
         Variant::DrainOnFirstAttempt,
         Variant::BatchedPath,
+        Variant::BatchInsertsUnmatched,
     ];
 
     /// The value of the TLA+ constant `Variant`.
@@ -128,6 +136,7 @@ impl Variant {
             Variant::CompleteWithoutLeaseGuard => "CompleteWithoutLeaseGuard",
             Variant::DrainOnFirstAttempt => "DrainOnFirstAttempt",
             Variant::BatchedPath => "BatchedPath",
+            Variant::BatchInsertsUnmatched => "BatchInsertsUnmatched",
         }
     }
 
@@ -140,7 +149,15 @@ impl Variant {
             Variant::CompleteWithoutLeaseGuard => Some(ONLY_CURRENT_LEASE_COMPLETES),
             Variant::DrainOnFirstAttempt => Some(COMPLETION_HAS_FOLLOW_UP),
             Variant::BatchedPath => Some(COMPLETION_HAS_FOLLOW_UP),
+            Variant::BatchInsertsUnmatched => Some(FOLLOW_UP_TRACES_TO_COMMIT),
         }
+    }
+
+    /// The value of `BatchFollowUps` in this variant's `.cfg`: the batched path for
+    /// the correct protocol (the engine's default) and the bug seeded in it, the
+    /// per-job path for the bugs seeded there.
+    pub const fn batch_follow_ups(self) -> bool {
+        matches!(self, Variant::Correct | Variant::BatchInsertsUnmatched)
     }
 
     /// The TLC configuration file for this variant, under `correctness/storage/`.
@@ -154,6 +171,7 @@ impl Variant {
             }
             Variant::DrainOnFirstAttempt => "AwaStagedFollowUps_DrainOnFirstAttempt.cfg",
             Variant::BatchedPath => "AwaStagedFollowUps_BatchedPath.cfg",
+            Variant::BatchInsertsUnmatched => "AwaStagedFollowUps_BatchInsertsUnmatched.cfg",
         }
     }
 }
@@ -195,7 +213,7 @@ pub enum Phase {
 }
 
 /// `Routes`: the completion path chosen at seal time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Route {
     None,
     PerJob,
@@ -429,6 +447,19 @@ impl State {
         })
     }
 
+    /// `WitnessBatchedReplay`.
+    pub fn witness_batched_replay(&self) -> bool {
+        self.all_attempts().any(|(j, l, a)| {
+            a.phase == Phase::Finalizing
+                && a.route == Route::Batched
+                && a.tries > 0
+                && self
+                    .commits
+                    .iter()
+                    .any(|c| c.job == j && c.attempt == l && c.inserted)
+        })
+    }
+
     /// `WitnessExternalDiscard`.
     pub fn witness_external_discard(&self) -> bool {
         (1..=self.jobs).any(|j| {
@@ -488,13 +519,64 @@ pub enum Action {
         job: u8,
         attempt: u8,
     },
+    FallBackToPerJob {
+        job: u8,
+        attempt: u8,
+    },
     InsertAfterCommit {
         job: u8,
         attempt: u8,
     },
+    /// `CompleteBatchedWithFollowUps(B, ackLost)`; `batch` is `B` as a [`Batch`].
+    CompleteBatchedWithFollowUps {
+        batch: Batch,
+        ack_lost: bool,
+    },
     ReleaseKey {
         row: Row,
     },
+}
+
+/// A set of `<<job, attempt>>` batch members: bit `(j - 1) * MAX_ATTEMPTS + (l - 1)`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Batch(pub u16);
+
+impl Batch {
+    fn bit(j: u8, l: u8) -> u16 {
+        1 << (usize::from(j - 1) * MAX_ATTEMPTS + usize::from(l - 1))
+    }
+
+    /// Whether `<<j, l>>` is a member.
+    pub fn contains(self, j: u8, l: u8) -> bool {
+        self.0 & Batch::bit(j, l) != 0
+    }
+
+    /// The members in batch order (job, then attempt), as `Precedes` orders them.
+    pub fn members(self, jobs: u8, attempts: u8) -> impl Iterator<Item = (u8, u8)> {
+        (1..=jobs)
+            .flat_map(move |j| (1..=attempts).map(move |l| (j, l)))
+            .filter(move |&(j, l)| self.contains(j, l))
+    }
+}
+
+impl fmt::Debug for Batch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let members: Vec<String> = self
+            .members(MAX_JOBS as u8, MAX_ATTEMPTS as u8)
+            .map(|(j, l)| format!("<<{j}, {l}>>"))
+            .collect();
+        write!(f, "{{{}}}", members.join(", "))
+    }
+}
+
+impl fmt::Debug for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Route::None => "\"none\"",
+            Route::PerJob => "\"perjob\"",
+            Route::Batched => "\"batched\"",
+        })
+    }
 }
 
 impl Action {
@@ -510,7 +592,9 @@ impl Action {
             Action::FinalizeAbort { .. } => "FinalizeAbort",
             Action::FinalizeStale { .. } => "FinalizeStale",
             Action::CompleteBatched { .. } => "CompleteBatched",
+            Action::FallBackToPerJob { .. } => "FallBackToPerJob",
             Action::InsertAfterCommit { .. } => "InsertAfterCommit",
+            Action::CompleteBatchedWithFollowUps { .. } => "CompleteBatchedWithFollowUps",
             Action::ReleaseKey { .. } => "ReleaseKey",
         }
     }
@@ -530,7 +614,11 @@ impl fmt::Debug for Action {
                 attempt,
                 ack_lost,
             } => write!(f, "{name}({job}, {attempt}, {})", tla_bool(ack_lost)),
+            Action::CompleteBatchedWithFollowUps { batch, ack_lost } => {
+                write!(f, "{name}({batch:?}, {})", tla_bool(ack_lost))
+            }
             Action::Seal { job, attempt }
+            | Action::FallBackToPerJob { job, attempt }
             | Action::FinalizeAbort { job, attempt }
             | Action::FinalizeStale { job, attempt }
             | Action::CompleteBatched { job, attempt }
@@ -552,17 +640,30 @@ pub struct AwaStagedFollowUps {
     pub keys: u8,
     pub max_attempts: u8,
     pub max_finalize_tries: u8,
+    /// The constant `BatchFollowUps` (`RuntimeConfig::batch_follow_ups`).
+    pub batch_follow_ups: bool,
     pub variant: Variant,
 }
 
 impl AwaStagedFollowUps {
+    /// `variant` with the constants of its `.cfg` ([`Variant::batch_follow_ups`]).
     pub const fn new(variant: Variant) -> Self {
         AwaStagedFollowUps {
             jobs: 2,
             keys: 2,
             max_attempts: 2,
             max_finalize_tries: 2,
+            batch_follow_ups: variant.batch_follow_ups(),
             variant,
+        }
+    }
+
+    /// The correct protocol with `BatchFollowUps = FALSE`: every completion with a
+    /// follow-up takes the per-job transaction (`AwaStagedFollowUps_PerJob.cfg`).
+    pub const fn per_job() -> Self {
+        AwaStagedFollowUps {
+            batch_follow_ups: false,
+            ..AwaStagedFollowUps::new(Variant::Correct)
         }
     }
 
@@ -654,11 +755,13 @@ impl AwaStagedFollowUps {
         if a.phase != Phase::Running {
             return None;
         }
-        let route = if self.variant == Variant::BatchedPath || a.staged.is_none() {
-            Route::Batched
-        } else {
-            Route::PerJob
-        };
+        let route =
+            if a.staged.is_some() && !self.batch_follow_ups && self.variant != Variant::BatchedPath
+            {
+                Route::PerJob
+            } else {
+                Route::Batched
+            };
         let mut n = s.clone();
         n.set_attempt(
             j,
@@ -700,7 +803,9 @@ impl AwaStagedFollowUps {
 
     fn finalize_abort(&self, s: &State, j: u8, l: u8) -> Option<State> {
         let a = *s.attempt(j, l);
-        if a.phase != Phase::Finalizing || a.route != Route::PerJob {
+        if a.phase != Phase::Finalizing
+            || !(a.route == Route::PerJob || (self.batch_follow_ups && a.buf.is_some()))
+        {
             return None;
         }
         let mut n = s.clone();
@@ -719,13 +824,85 @@ impl AwaStagedFollowUps {
 
     fn complete_batched(&self, s: &State, j: u8, l: u8) -> Option<State> {
         let a = s.attempt(j, l);
-        if a.phase != Phase::Finalizing || a.route != Route::Batched || !self.guard(s, j, l) {
+        if a.phase != Phase::Finalizing
+            || a.route != Route::Batched
+            || !(self.variant == Variant::BatchedPath || a.buf.is_none())
+            || !self.guard(s, j, l)
+        {
             return None;
         }
         let mut n = s.clone();
         n.set_job(j, JobState::Completed);
         n.commits.insert(s.commit_record(j, l, &s.rows));
         n.set_attempt(j, l, Attempt::DONE);
+        Some(n)
+    }
+
+    fn complete_batched_with_follow_ups(
+        &self,
+        s: &State,
+        batch: Batch,
+        ack_lost: bool,
+    ) -> Option<State> {
+        let members: Vec<(u8, u8)> = batch.members(self.jobs, self.max_attempts).collect();
+        let member = |&(j, l): &(u8, u8)| {
+            let a = s.attempt(j, l);
+            a.phase == Phase::Finalizing && a.route == Route::Batched && a.buf.is_some()
+        };
+        if !self.batch_follow_ups || members.is_empty() || !members.iter().all(member) {
+            return None;
+        }
+        let matched: Vec<(u8, u8)> = members
+            .iter()
+            .copied()
+            .filter(|&(j, l)| self.guard(s, j, l))
+            .collect();
+        let inserting = if self.variant == Variant::BatchInsertsUnmatched {
+            &members
+        } else {
+            &matched
+        };
+        let mut n = s.clone();
+        // BatchInsert: in batch order, each member's key unless a row holds it by
+        // then (an existing row, or an earlier member's).
+        for &(j, l) in inserting {
+            n.insert_follow_up(j, l, s.attempt(j, l).buf);
+        }
+        for &(j, l) in &matched {
+            n.set_job(j, JobState::Completed);
+            n.commits.insert(s.commit_record(j, l, &n.rows));
+        }
+        for &(j, l) in &members {
+            let a = s.attempt(j, l);
+            let next = if ack_lost {
+                self.after_failed_try(a)
+            } else {
+                Attempt::DONE
+            };
+            n.set_attempt(j, l, next);
+        }
+        Some(n)
+    }
+
+    fn fall_back_to_per_job(&self, s: &State, j: u8, l: u8) -> Option<State> {
+        let a = *s.attempt(j, l);
+        if !self.batch_follow_ups
+            || a.phase != Phase::Finalizing
+            || a.route != Route::Batched
+            || a.buf.is_none()
+        {
+            return None;
+        }
+        let mut n = s.clone();
+        n.set_attempt(
+            j,
+            l,
+            Attempt {
+                route: Route::PerJob,
+                tries: 0,
+                ..a
+            },
+        );
         Some(n)
     }
 
@@ -822,8 +999,28 @@ impl Model for AwaStagedFollowUps {
                 actions.push(Action::FinalizeAbort { job, attempt });
                 actions.push(Action::FinalizeStale { job, attempt });
                 actions.push(Action::CompleteBatched { job, attempt });
+                actions.push(Action::FallBackToPerJob { job, attempt });
                 actions.push(Action::InsertAfterCommit { job, attempt });
             }
+        }
+        // SUBSET (Jobs \X Attempts): every set of members; the empty one is never
+        // enabled. Only sets of attempts on the batched route can be, so the rest are
+        // skipped here rather than tried.
+        let batched = s
+            .all_attempts()
+            .filter(|(_, _, a)| {
+                a.phase == Phase::Finalizing && a.route == Route::Batched && a.buf.is_some()
+            })
+            .fold(0u16, |m, (j, l, _)| m | Batch::bit(j, l));
+        let mut batch = batched;
+        while batch != 0 {
+            for ack_lost in [false, true] {
+                actions.push(Action::CompleteBatchedWithFollowUps {
+                    batch: Batch(batch),
+                    ack_lost,
+                });
+            }
+            batch = (batch - 1) & batched;
         }
         for &row in &s.rows {
             actions.push(Action::ReleaseKey { row });
@@ -845,7 +1042,11 @@ impl Model for AwaStagedFollowUps {
             Action::FinalizeAbort { job, attempt } => self.finalize_abort(s, job, attempt),
             Action::FinalizeStale { job, attempt } => self.finalize_stale(s, job, attempt),
             Action::CompleteBatched { job, attempt } => self.complete_batched(s, job, attempt),
+            Action::FallBackToPerJob { job, attempt } => self.fall_back_to_per_job(s, job, attempt),
             Action::InsertAfterCommit { job, attempt } => self.insert_after_commit(s, job, attempt),
+            Action::CompleteBatchedWithFollowUps { batch, ack_lost } => {
+                self.complete_batched_with_follow_ups(s, batch, ack_lost)
+            }
             Action::ReleaseKey { row } => self.release_key(s, row),
         }
     }
@@ -875,6 +1076,7 @@ impl Model for AwaStagedFollowUps {
                 s.witness_superseded_finalizing()
             }),
             Property::sometimes(WITNESSES[5], |_, s: &State| s.witness_external_discard()),
+            Property::sometimes(WITNESSES[6], |_, s: &State| s.witness_batched_replay()),
         ]
     }
 }
@@ -955,7 +1157,7 @@ mod tests {
 
     #[test]
     fn commit_record_observes_the_rows_after_the_commit() {
-        let model = AwaStagedFollowUps::new(Variant::Correct);
+        let model = AwaStagedFollowUps::per_job();
         let mut s = empty();
         for action in [
             Action::Claim { job: 1 },
@@ -985,6 +1187,19 @@ mod tests {
         let model = AwaStagedFollowUps::new(Variant::Correct);
         let mut s = empty();
         s.rows.insert(row(1, 1, 0));
+        // A batch is listed only once some attempt is on the batched route with
+        // something to insert.
+        s.set_attempt(
+            1,
+            1,
+            Attempt {
+                phase: Phase::Finalizing,
+                route: Route::Batched,
+                staged: Some(Key(0)),
+                buf: Some(Key(0)),
+                ..Attempt::DONE
+            },
+        );
         let mut actions = Vec::new();
         model.actions(&s, &mut actions);
         let names: Set<&str> = actions.iter().map(Action::name).collect();
@@ -999,6 +1214,16 @@ mod tests {
                 }
             ),
             "FinalizeCommit(1, 2, TRUE)"
+        );
+        assert_eq!(
+            format!(
+                "{:?}",
+                Action::CompleteBatchedWithFollowUps {
+                    batch: Batch(Batch::bit(1, 2) | Batch::bit(2, 1)),
+                    ack_lost: false
+                }
+            ),
+            "CompleteBatchedWithFollowUps({<<1, 2>>, <<2, 1>>}, FALSE)"
         );
     }
 }

@@ -6,7 +6,10 @@
 (* attempt may stage one follow-up B whose unique key it computed (the key is chosen   *)
 (* nondeterministically). When the handler returns Completed the executor seals the    *)
 (* staging buffer and hands it to the finalizer, which commits the lease-guarded       *)
-(* completion and the staged inserts in one transaction. Around that:                 *)
+(* completion and the staged inserts in one transaction: on the per-job path one      *)
+(* transaction per job, on the batched path (issue 17) one transaction for a batch of *)
+(* jobs that completes every row whose guard matches and inserts the follow-ups of    *)
+(* exactly those rows. Around that:                                                   *)
 (*                                                                                     *)
 (*   - a try of the completion transaction can abort (deadlock, lost connection) or   *)
 (*     commit with its acknowledgement lost, and finalize_with_retry tries again with *)
@@ -19,7 +22,11 @@
 (*     inserted again. rows holds only the B rows that hold their key: a row that     *)
 (*     releases it matters to no invariant, so it leaves the set.                      *)
 (*                                                                                     *)
-(* Variant selects the correct protocol or one of five seeded bugs; each negative     *)
+(*   - a batch with follow-ups that fails in a way its retries cannot fix (a          *)
+(*     non-duplicate insert error) rolls back, and each of its jobs falls back to the  *)
+(*     per-job path.                                                                   *)
+(*                                                                                     *)
+(* Variant selects the correct protocol or one of six seeded bugs; each negative      *)
 (* .cfg names the invariant it is expected to violate. The executable twin in         *)
 (* correctness/src/lib.rs has the same state, action names and invariants and is      *)
 (* what CI checks; keep the two in step.                                               *)
@@ -36,6 +43,11 @@
 (*     follow-ups are inserted one after another in the same transaction and do not   *)
 (*     change any invariant here. Deadlock between completions is a liveness matter;  *)
 (*     an abort is modelled as FinalizeAbort.                                          *)
+(*   - a batch's abort changes nothing in the database, so it is modelled as each of  *)
+(*     its members' tries failing on its own (FinalizeAbort on the batched route).    *)
+(*   - which of two batch members offering one key inserts it is fixed (the lower     *)
+(*     job, then attempt): the engine uses batch order, and no invariant depends on   *)
+(*     which member it is.                                                             *)
 (***************************************************************************************)
 EXTENDS Naturals, FiniteSets
 
@@ -44,6 +56,8 @@ CONSTANTS
     Keys,             \* unique keys a handler can compute for B, e.g. {"k1", "k2"}
     MaxAttempts,      \* max_attempts of each A job: claims, each under a new run lease
     MaxFinalizeTries, \* tries of finalize_with_retry (3 in the engine)
+    BatchFollowUps,   \* RuntimeConfig::batch_follow_ups: completions with follow-ups
+                      \* are batched (TRUE) or take the per-job transaction (FALSE)
     Variant           \* "Correct" or one of the seeded bugs in Variants
 
 Variants ==
@@ -52,7 +66,10 @@ Variants ==
       "InsertAfterCompletion",     \* B is inserted in a separate transaction after the completion
       "CompleteWithoutLeaseGuard", \* the completion matches (id, state = 'running'), not run_lease
       "DrainOnFirstAttempt",       \* the first finalize try takes the sealed follow-ups
-      "BatchedPath" }              \* a job that staged something takes the batched path
+      "BatchedPath",               \* a job that staged something takes the plain batch,
+                                   \* which inserts nothing
+      "BatchInsertsUnmatched" }    \* the batch inserts the follow-ups of rows whose
+                                   \* guard matched nothing
 
 NoKey == "none"   \* an empty staging buffer
 
@@ -62,6 +79,7 @@ ASSUME
     /\ NoKey \notin Keys
     /\ MaxAttempts \in Nat \ {0}
     /\ MaxFinalizeTries \in Nat \ {0}
+    /\ BatchFollowUps \in BOOLEAN
     /\ Variant \in Variants
 
 Attempts == 1..MaxAttempts
@@ -139,6 +157,19 @@ CommitRecord(j, l, after) ==
      keyHeld  |-> KeyHeld(after, k),
      current  |-> jobState[j] = "running" /\ lease[j] = l]
 
+\* Batch members are <<job, attempt>> pairs; m precedes o in batch order.
+Precedes(m, o) == m[1] < o[1] \/ (m[1] = o[1] /\ m[2] < o[2])
+
+\* insert_follow_ups_in_tx: the follow-ups of batch members ms in one INSERT ... ON
+\* CONFLICT DO NOTHING on idx_awa_jobs_unique. A key already held is skipped; of
+\* several members offering a free key the first inserts it and the rest are skipped.
+BatchInsert(ms) ==
+    LET bufOf(m) == att[m[1]][m[2]].buf
+        winners  == {m \in ms : /\ bufOf(m) # NoKey
+                                /\ ~KeyHeld(rows, bufOf(m))
+                                /\ \A o \in ms : (o # m /\ bufOf(o) = bufOf(m)) => Precedes(m, o)}
+    IN  rows \cup {[job |-> w[1], attempt |-> w[2], key |-> bufOf(w)] : w \in winners}
+
 \* A try of finalize_with_retry failed as far as the finalizer knows: it tries
 \* again while tries remain, otherwise it gives up and the job waits for rescue.
 \* The correct finalizer borrows the sealed follow-ups for each try; the
@@ -174,12 +205,14 @@ Stage(j, l, k) ==
                /\ UNCHANGED rows
     /\ UNCHANGED <<jobState, lease, commits>>
 
-\* The handler returns Completed: the executor seals the buffer and picks the path.
-\* A job that staged nothing keeps the batched path; one that staged takes the
-\* per-job transaction (BatchedPath: every job takes the batched path).
+\* The handler returns Completed: the executor seals the buffer and the completer
+\* picks the path. A job that staged nothing is batched; one that staged is batched
+\* with BatchFollowUps and takes the per-job transaction without it (BatchedPath:
+\* batched either way).
 Seal(j, l) ==
     LET a     == att[j][l]
-        route == IF Variant = "BatchedPath" \/ a.staged = NoKey THEN "batched" ELSE "perjob"
+        route == IF a.staged # NoKey /\ ~BatchFollowUps /\ Variant # "BatchedPath"
+                     THEN "perjob" ELSE "batched"
     IN  /\ a.phase = "running"
         /\ att' = [att EXCEPT ![j][l] = [a EXCEPT !.phase = "finalizing",
                                                   !.buf   = a.staged,
@@ -208,11 +241,13 @@ FinalizeCommit(j, l, ackLost) ==
     /\ UNCHANGED lease
 
 \* The completion transaction aborts before it commits (deadlock, lost connection):
-\* nothing changes in the database and the finalizer tries again.
+\* nothing changes in the database and the finalizer tries again. On the batched
+\* path a batch's abort is each member's try failing; a member with nothing to
+\* insert is left out (its retries matter to no invariant, as for a plain batch).
 FinalizeAbort(j, l) ==
     LET a == att[j][l] IN
     /\ a.phase = "finalizing"
-    /\ a.route = "perjob"
+    /\ a.route = "perjob" \/ (BatchFollowUps /\ a.buf # NoKey)
     /\ att' = [att EXCEPT ![j][l] = AfterFailedTry(a)]
     /\ UNCHANGED <<jobState, lease, rows, commits>>
 
@@ -225,15 +260,56 @@ FinalizeStale(j, l) ==
     /\ att' = [att EXCEPT ![j][l] = Done]
     /\ UNCHANGED <<jobState, lease, rows, commits>>
 
-\* complete_batch: plain lease-guarded completion, many jobs per statement, no inserts.
+\* complete_batch: plain lease-guarded completion, many jobs per statement, no inserts;
+\* the completer uses it only for a batch with nothing to insert (BatchedPath: also
+\* for a job that staged).
 CompleteBatched(j, l) ==
     /\ att[j][l].phase = "finalizing"
     /\ att[j][l].route = "batched"
+    /\ Variant = "BatchedPath" \/ att[j][l].buf = NoKey
     /\ Guard(j, l)
     /\ jobState' = [jobState EXCEPT ![j] = "completed"]
     /\ commits' = commits \cup {CommitRecord(j, l, rows)}
     /\ att' = [att EXCEPT ![j][l] = Done]
     /\ UNCHANGED <<lease, rows>>
+
+\* complete_batch_with_follow_ups: one transaction for the batch B (a set of
+\* <<job, attempt>> members on the batched route with something to insert). The
+\* engine's batches also carry plain completions; a plain member's part is exactly
+\* CompleteBatched's (it inserts nothing, and its guard and row are its own), so it
+\* is left to that action here, which keeps the state space small. The guarded UPDATE completes every member whose guard matches; the INSERT
+\* then carries exactly those members' follow-ups (BatchInsertsUnmatched: every
+\* member's). Members that matched nothing are stale and are dropped. With ackLost the
+\* commit lands but the finalizer sees an error, and every member tries again.
+CompleteBatchedWithFollowUps(B, ackLost) ==
+    LET matched   == {m \in B : Guard(m[1], m[2])}
+        inserting == IF Variant = "BatchInsertsUnmatched" THEN B ELSE matched
+        after     == BatchInsert(inserting)
+    IN
+    /\ BatchFollowUps
+    /\ B # {}
+    /\ \A m \in B : /\ att[m[1]][m[2]].phase = "finalizing"
+                   /\ att[m[1]][m[2]].route = "batched"
+                   /\ att[m[1]][m[2]].buf # NoKey
+    /\ jobState' = [j \in Jobs |-> IF \E m \in matched : m[1] = j THEN "completed" ELSE jobState[j]]
+    /\ rows' = after
+    /\ commits' = commits \cup {CommitRecord(m[1], m[2], after) : m \in matched}
+    /\ att' = [j \in Jobs |-> [l \in Attempts |->
+                  IF <<j, l>> \in B
+                      THEN IF ackLost THEN AfterFailedTry(att[j][l]) ELSE Done
+                      ELSE att[j][l]]]
+    /\ UNCHANGED lease
+
+\* A batch with follow-ups failed in a way its retries cannot fix (a non-duplicate
+\* insert error) or passed the finalize deadline: nothing of it committed that the
+\* lease guard would not replay as stale, and each member is finalized alone.
+FallBackToPerJob(j, l) ==
+    /\ BatchFollowUps
+    /\ att[j][l].phase = "finalizing"
+    /\ att[j][l].route = "batched"
+    /\ att[j][l].buf # NoKey    \* a plain member's fallback is CompleteBatched's effect
+    /\ att' = [att EXCEPT ![j][l] = [@ EXCEPT !.route = "perjob", !.tries = 0]]
+    /\ UNCHANGED <<jobState, lease, rows, commits>>
 
 \* InsertAfterCompletion only: the separate transaction that inserts B after the
 \* completion committed. A crash before it runs is the attempt never taking it.
@@ -291,7 +367,10 @@ Next ==
           \/ FinalizeAbort(j, l)
           \/ FinalizeStale(j, l)
           \/ CompleteBatched(j, l)
+          \/ FallBackToPerJob(j, l)
           \/ InsertAfterCommit(j, l)
+    \/ \E B \in SUBSET (Jobs \X Attempts), ackLost \in BOOLEAN :
+          CompleteBatchedWithFollowUps(B, ackLost)
     \/ \E r \in rows : ReleaseKey(r)
     \/ Quiescent
 
@@ -354,6 +433,15 @@ WitnessSupersededFinalizing ==
         /\ att[j][l].phase = "finalizing"
         /\ att[j][l].staged # NoKey
         /\ lease[j] > l
+
+\* A batched completion that inserted its follow-up lost its acknowledgement and
+\* is about to be replayed.
+WitnessBatchedReplay ==
+    \E j \in Jobs, l \in Attempts :
+        /\ att[j][l].phase = "finalizing"
+        /\ att[j][l].route = "batched"
+        /\ att[j][l].tries > 0
+        /\ \E c \in commits : c.job = j /\ c.attempt = l /\ c.inserted
 
 \* A job was completed externally under an attempt that had staged a key.
 WitnessExternalDiscard ==

@@ -26,10 +26,18 @@ use stateright::{Checker, HasDiscoveries, Model, Path};
 /// Distinct states of the correct protocol with the `.cfg` constants. TLC's
 /// "distinct states found" for `AwaStagedFollowUps.cfg` must be the same
 /// number; if a change to the model moves it, update it here and in the README.
-const POSITIVE_DISTINCT_STATES: usize = 132_721;
+const POSITIVE_DISTINCT_STATES: usize = 635_041;
 
 /// The same with `MaxFinalizeTries = 3`, the engine's limit (ignored test).
-const POSITIVE_DISTINCT_STATES_THREE_TRIES: usize = 313_585;
+const POSITIVE_DISTINCT_STATES_THREE_TRIES: usize = 1_944_145;
+
+/// Distinct states of the correct protocol on the per-job path
+/// (`AwaStagedFollowUps_PerJob.cfg`, `BatchFollowUps = FALSE`): the model as it
+/// was before the batched path with follow-ups, whose count it keeps.
+const PER_JOB_DISTINCT_STATES: usize = 132_721;
+
+/// The same with `MaxFinalizeTries = 3` (ignored test).
+const PER_JOB_DISTINCT_STATES_THREE_TRIES: usize = 313_585;
 
 /// Length (number of actions) of each seeded bug's shortest counterexample.
 fn shortest_counterexample_len(variant: Variant) -> usize {
@@ -40,6 +48,7 @@ fn shortest_counterexample_len(variant: Variant) -> usize {
         Variant::CompleteWithoutLeaseGuard => 5,
         Variant::DrainOnFirstAttempt => 5,
         Variant::BatchedPath => 4,
+        Variant::BatchInsertsUnmatched => 5,
     }
 }
 
@@ -112,8 +121,9 @@ fn render(path: &Path<State, Action>) -> String {
 fn check_positive(model: AwaStagedFollowUps, expected_distinct: usize) {
     let outcome = check_exhaustively(model);
     println!(
-        "Correct (MaxFinalizeTries = {}): {} distinct states ({} generated, depth {}) in {:.2}s",
+        "Correct (MaxFinalizeTries = {}, BatchFollowUps = {}): {} distinct states ({} generated, depth {}) in {:.2}s",
         model.max_finalize_tries,
+        model.batch_follow_ups,
         outcome.distinct,
         outcome.generated,
         outcome.max_depth,
@@ -125,7 +135,11 @@ fn check_positive(model: AwaStagedFollowUps, expected_distinct: usize) {
         }
     }
     assert!(outcome.done, "the search did not finish");
-    for name in WITNESSES {
+    // Without BatchFollowUps no batch inserts, so there is no batched replay.
+    let witnesses = WITNESSES
+        .into_iter()
+        .filter(|w| model.batch_follow_ups || *w != "WitnessBatchedReplay");
+    for name in witnesses {
         assert!(
             outcome.discoveries.contains_key(name),
             "Correct never reaches {name}: the invariants may pass vacuously"
@@ -147,6 +161,11 @@ fn correct_protocol_satisfies_every_invariant_exhaustively() {
     );
 }
 
+#[test]
+fn correct_protocol_on_the_per_job_path_satisfies_every_invariant_exhaustively() {
+    check_positive(AwaStagedFollowUps::per_job(), PER_JOB_DISTINCT_STATES);
+}
+
 /// The engine's retry limit. About three times the states and time of the CI
 /// configuration; run with `cargo test -p awa-correctness -- --ignored`.
 #[test]
@@ -158,6 +177,18 @@ fn correct_protocol_with_three_finalize_tries() {
             ..AwaStagedFollowUps::new(Variant::Correct)
         },
         POSITIVE_DISTINCT_STATES_THREE_TRIES,
+    );
+}
+
+#[test]
+#[ignore = "slow: the CI configuration uses MaxFinalizeTries = 2"]
+fn correct_protocol_on_the_per_job_path_with_three_finalize_tries() {
+    check_positive(
+        AwaStagedFollowUps {
+            max_finalize_tries: 3,
+            ..AwaStagedFollowUps::per_job()
+        },
+        PER_JOB_DISTINCT_STATES_THREE_TRIES,
     );
 }
 
@@ -230,6 +261,11 @@ fn batched_path_violates_completion_has_follow_up() {
     check_negative(Variant::BatchedPath);
 }
 
+#[test]
+fn batch_inserts_unmatched_violates_follow_up_traces_to_commit() {
+    check_negative(Variant::BatchInsertsUnmatched);
+}
+
 // ---------------------------------------------------------------------------
 // The TLA+ files stay in step with the twin.
 
@@ -276,11 +312,26 @@ fn tla_module_defines_every_twin_name() {
 
 #[test]
 fn cfg_files_match_the_twin() {
-    let model = AwaStagedFollowUps::new(Variant::Correct);
-    for variant in Variant::ALL {
-        let cfg = storage_file(variant.cfg_file());
+    let configs = Variant::ALL
+        .into_iter()
+        .map(|v| (v.cfg_file(), AwaStagedFollowUps::new(v)))
+        .chain([(
+            "AwaStagedFollowUps_PerJob.cfg",
+            AwaStagedFollowUps::per_job(),
+        )]);
+    for (file, model) in configs {
+        let variant = model.variant;
+        let cfg = storage_file(file);
         let has = |needle: &str| cfg.lines().any(|line| line.trim() == needle);
-        let file = variant.cfg_file();
+        let batch = if model.batch_follow_ups {
+            "TRUE"
+        } else {
+            "FALSE"
+        };
+        assert!(
+            has(&format!("BatchFollowUps = {batch}")),
+            "{file}: BatchFollowUps"
+        );
         assert!(
             has(&format!("Variant = \"{}\"", variant.name())),
             "{file}: Variant"

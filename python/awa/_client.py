@@ -407,6 +407,7 @@ class AsyncClient:
         finalize_deadline_ms: Optional[float] = None,
         claim_batch: Optional[int] = None,
         completion_batch: Optional[int] = None,
+        batch_follow_ups: Optional[bool] = None,
     ) -> None:
         """Start working ``queues``; handlers run on this loop. See docs/workers.md.
 
@@ -423,7 +424,12 @@ class AsyncClient:
         wrong shape raises ``TypeError``; a number out of range raises ``awa.ConfigError``
         naming the field and its range. ``descriptor_retention_days`` and
         ``terminal_count_rollup_interval_ms`` are checked and have no effect (Awa keeps no
-        descriptor catalog, and terminal counters belong to queue storage)."""
+        descriptor catalog, and terminal counters belong to queue storage).
+
+        ``batch_follow_ups`` (an addition to awa-pg's ``start()``; default ``True``): completions
+        that insert follow-ups commit many per transaction with the rest of their batch; ``False``
+        gives each its own transaction. Both keep every guarantee of staged follow-ups
+        (docs/follow-ups.md, "How they are inserted")."""
         if self._pump is not None:
             raise _awa.AwaError("worker runtime is already running")
         if not self._tasks:
@@ -452,6 +458,11 @@ class AsyncClient:
                 "completion_batch": completion_batch,
             },
         )
+        if batch_follow_ups is not None:
+            if not isinstance(batch_follow_ups, bool):
+                raise _awa.ConfigError(
+                    f"batch_follow_ups is {batch_follow_ups!r}; it must be True or False")
+            config["batch_follow_ups"] = batch_follow_ups
         self._started_queues = {
             str(q.get("name")): None if q.get("max_workers") is None else int(q["max_workers"])
             for q in config["queues"]

@@ -118,7 +118,9 @@ pub struct RuntimeConfig {
     /// Per-job finalizations running at once.
     pub finalizer_concurrency: usize,
     /// Longest the runtime waits for one per-job finalization (with its retries). Past it the
-    /// job is left to rescue; a statement already sent may still commit, all or nothing.
+    /// job is left to rescue; a statement already sent may still commit, all or nothing. A
+    /// batch of completions gets the same bound; past it, a batch with follow-ups hands each
+    /// of its jobs to the per-job path.
     pub finalize_deadline: Duration,
     /// Longest one finalization (per-job or batched) waits, in total, for the pool to hand out
     /// a working connection again after a lost connection (a PostgreSQL restart, a killed
@@ -127,6 +129,11 @@ pub struct RuntimeConfig {
     /// the staleness window would let rescue re-run attempts that already executed. Zero
     /// retries at once without waiting. See `finalizer::retry`.
     pub finalize_reconnect_budget: Duration,
+    /// Completions with follow-ups (registered Completed specs or staged) join the batched
+    /// completer, which commits many of them and their follow-ups in one transaction
+    /// (`finalizer::batched`). Off: each takes a per-job transaction of its own, ADR-046's
+    /// original path. Both keep every guarantee of the ADR (docs/follow-ups.md).
+    pub batch_follow_ups: bool,
     /// Run the maintenance leader election in this client.
     pub maintenance: bool,
 }
@@ -152,6 +159,7 @@ impl Default for RuntimeConfig {
             finalizer_concurrency: 16,
             finalize_deadline: Duration::from_secs(30),
             finalize_reconnect_budget: crate::finalizer::DEFAULT_RECONNECT_BUDGET,
+            batch_follow_ups: true,
             maintenance: true,
         }
     }

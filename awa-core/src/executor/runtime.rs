@@ -87,6 +87,7 @@ pub(crate) fn start(
                 reconnect_budget: config.finalize_reconnect_budget,
             }
             .within_staleness(config.heartbeat_staleness),
+            batch_follow_ups: config.batch_follow_ups,
         },
         waker.clone(),
         settled,

@@ -1,9 +1,12 @@
 //! The finalizer: turns each attempt's outcome into a lease-guarded state change.
 //!
 //! Two paths (design §2):
-//! - **batched** ([`batched::complete_batch`]): plain `Completed` jobs of kinds without
-//!   registered Completed specs and with nothing staged, many per statement;
-//! - **per-job transaction** ([`per_job::finalize_in_tx`]): every other outcome, and any
+//! - **batched** ([`batched`]): `Completed` jobs, many per commit: plain ones in one
+//!   statement ([`batched::complete_batch`]), and with `RuntimeConfig::batch_follow_ups` on
+//!   (the default) also those that insert follow-ups, in one transaction with the follow-ups
+//!   of exactly the rows whose guard matched ([`batched::complete_batch_with_follow_ups`]);
+//! - **per-job transaction** ([`per_job::finalize_in_tx`]): every other outcome, the jobs of a
+//!   batch that failed in a way its retries cannot fix, and with `batch_follow_ups` off any
 //!   completion that inserts follow-ups (registered specs first, then staged ones).
 //!
 //! The completer (`completer.rs`) owns completion in a running client: the executor hands it each
@@ -88,7 +91,8 @@ pub struct Finalization {
 }
 
 impl Finalization {
-    /// Whether this finalization may take the batched path.
+    /// Whether this is a completion that inserts nothing (the only kind the batched path
+    /// takes with `RuntimeConfig::batch_follow_ups` off).
     pub fn is_plain_completion(&self, specs: &Specs) -> bool {
         self.transition == Transition::Completed
             && self.follow_ups.is_empty()

@@ -214,7 +214,7 @@ async fn complete_with_follow_ups(
 }
 
 /// The queues of the follow-ups that are due now (a scheduled one wakes nobody).
-fn push_due_queues<'a>(woken: &mut Vec<String>, jobs: impl Iterator<Item = &'a NewJob>) {
+pub(super) fn push_due_queues<'a>(woken: &mut Vec<String>, jobs: impl Iterator<Item = &'a NewJob>) {
     let now = chrono::Utc::now();
     woken.extend(
         jobs.filter(|j| j.run_at.is_none_or(|t| t <= now))
@@ -233,7 +233,7 @@ fn spec_event(t: &Transition) -> Option<SpecEvent> {
     }
 }
 
-fn record_insert(trigger: i64, kind: &str, result: FollowUpInsert) {
+pub(super) fn record_insert(trigger: i64, kind: &str, result: FollowUpInsert) {
     match result {
         FollowUpInsert::Inserted(id) => {
             metrics::add(&metrics::FOLLOW_UPS_INSERTED, 1);

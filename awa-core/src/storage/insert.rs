@@ -79,23 +79,7 @@ where
     if let [job] = jobs {
         return insert_single(executor, job).await.map(|row| vec![row]);
     }
-    let sql = format!(
-        "INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts, run_at, tags,
-                               metadata, unique_key, unique_states, ordering_key)
-         SELECT t.kind, t.queue, t.args,
-                CASE WHEN t.run_at IS NULL OR t.run_at <= now() THEN 'available' ELSE 'scheduled' END,
-                t.priority, t.max_attempts, coalesce(t.run_at, now()),
-                CASE WHEN t.tags = '[]'::jsonb THEN '{{}}'::text[]
-                     ELSE ARRAY(SELECT jsonb_array_elements_text(t.tags)) END, t.metadata, t.unique_key,
-                t.unique_states, t.ordering_key
-         FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::smallint[], $5::int[],
-                     $6::timestamptz[], $7::jsonb[], $8::jsonb[], $9::bytea[], $10::smallint[],
-                     $11::text[], $12::int[])
-              AS t(kind, queue, args, priority, max_attempts, run_at, tags, metadata,
-                   unique_key, unique_states, ordering_key, ord)
-         ORDER BY t.ord
-         RETURNING {JOB_COLUMNS}"
-    );
+    let sql = format!("{INSERT_UNNEST} ORDER BY t.ord RETURNING {JOB_COLUMNS}");
     let n = jobs.len();
     let ord: Vec<i32> = (0..n as i32).collect();
     let result = JobColumns::new(jobs.iter())
@@ -118,6 +102,96 @@ where
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// A multi-row insert of [`JobColumns`] (bound as $1–$11, with $12 each row's position),
+/// up to its `ORDER BY`: the rows are inserted, and so numbered and returned, in that order.
+const INSERT_UNNEST: &str =
+    "INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts, run_at, tags,
+                           metadata, unique_key, unique_states, ordering_key)
+     SELECT t.kind, t.queue, t.args,
+            CASE WHEN t.run_at IS NULL OR t.run_at <= now() THEN 'available' ELSE 'scheduled' END,
+            t.priority, t.max_attempts, coalesce(t.run_at, now()),
+            CASE WHEN t.tags = '[]'::jsonb THEN '{}'::text[]
+                 ELSE ARRAY(SELECT jsonb_array_elements_text(t.tags)) END, t.metadata, t.unique_key,
+            t.unique_states, t.ordering_key
+     FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::smallint[], $5::int[],
+                 $6::timestamptz[], $7::jsonb[], $8::jsonb[], $9::bytea[], $10::smallint[],
+                 $11::text[], $12::int[])
+          AS t(kind, queue, args, priority, max_attempts, run_at, tags, metadata,
+               unique_key, unique_states, ordering_key, ord)";
+
+/// The follow-ups of a batch of completions, in one statement.
+///
+/// Deduplication is `ON CONFLICT DO NOTHING` with `idx_awa_jobs_unique`'s key and predicate
+/// as the arbiter: a follow-up whose key that index already holds (a committed row, or one
+/// this statement inserted earlier) is skipped without a subtransaction, and a conflict on
+/// any other unique index is an error, as on the per-job path. The only trigger on
+/// `awa.jobs` is the statement-level wake-up (`awa_jobs_notify`), which sees only the rows
+/// inserted, so nothing turns a skipped row into an error or a write. The wake-up is deferred
+/// (`awa.defer_notify`, migration 3) by the `defer` CTE, which the executor evaluates before
+/// the first row is inserted and so before the statement's trigger fires.
+const INSERT_FOLLOW_UPS: &str = "WITH defer AS MATERIALIZED (
+         SELECT set_config('awa.defer_notify', 'on', true) AS setting)";
+
+/// Insert the follow-ups of a batch of completions inside the caller's open transaction, in
+/// the order given, in one statement (see [`INSERT_FOLLOW_UPS`]); the queues are woken by the
+/// caller after its commit. Returns what happened to each follow-up, in the order given.
+///
+/// The statement returns the inserted rows in insertion order, each with its unique key and
+/// states, so the inserted follow-ups are the subsequence of the input that matches the
+/// returned rows one after another. A follow-up with no key is always inserted, and of
+/// several with one key and states the first offered is inserted and the rest skipped; the
+/// one exception (the row holding the key is released by another transaction between two of
+/// them, so a later one is inserted) is reported as the earlier one, which only changes the
+/// trigger job named by the debug log.
+pub(crate) async fn insert_follow_ups_in_tx(
+    conn: &mut PgConnection,
+    jobs: &[&NewJob],
+) -> Result<Vec<FollowUpInsert>> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "{INSERT_FOLLOW_UPS} {INSERT_UNNEST} CROSS JOIN defer
+         ORDER BY t.ord
+         ON CONFLICT (unique_key)
+             WHERE unique_key IS NOT NULL AND (unique_states & awa.state_bit(state)) <> 0
+             DO NOTHING
+         RETURNING id, unique_key, unique_states"
+    );
+    let ord: Vec<i32> = (0..jobs.len() as i32).collect();
+    let rows = JobColumns::new(jobs.iter().copied())
+        .bind(sqlx::query(&sql))
+        .bind(ord)
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut inserted = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let id: i64 = row.try_get(0)?;
+        let key: Option<Vec<u8>> = row.try_get(1)?;
+        let states: Option<i16> = row.try_get(2)?;
+        inserted.push((id, key, states));
+    }
+    let mut next = inserted.into_iter().peekable();
+    let results = jobs
+        .iter()
+        .map(|job| {
+            let states = job.unique_states.map(i16::from);
+            match next
+                .next_if(|(_, key, s)| key.as_deref() == job.unique_key.as_deref() && *s == states)
+            {
+                Some((id, _, _)) => FollowUpInsert::Inserted(id),
+                None => FollowUpInsert::SkippedDuplicate,
+            }
+        })
+        .collect::<Vec<_>>();
+    if next.next().is_some() {
+        return Err(AwaError::State(
+            "a batch of follow-ups returned rows it was not sent".into(),
+        ));
+    }
+    Ok(results)
 }
 
 /// Jobs as one array per column, for statements that take many jobs at once (`unnest`, or a

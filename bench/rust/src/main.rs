@@ -184,6 +184,11 @@ fn runtime_config(o: &Opts) -> RuntimeConfig {
     {
         config.finalizer_concurrency = n;
     }
+    // Probe knob (not used by the orchestrator): AWA_BENCH_BATCH_FOLLOW_UPS=0 gives every
+    // completion with a follow-up its own transaction (RuntimeConfig::batch_follow_ups).
+    if let Ok(v) = std::env::var("AWA_BENCH_BATCH_FOLLOW_UPS") {
+        config.batch_follow_ups = v != "0";
+    }
     config
 }
 
