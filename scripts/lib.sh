@@ -22,10 +22,13 @@ ensure_venv() {
         log "creating virtualenv $VENV"
         python3 -m venv "$VENV"
     fi
-    if ! "$PY" -c 'import maturin, pytest, pytest_asyncio, pydantic, uvloop' 2>/dev/null; then
+    # prometheus_client parses /metrics in tests/test_serve.py; selenium drives Chromium in
+    # tests/test_ui.py (test-only, like the rest of this list).
+    if ! "$PY" -c 'import maturin, pytest, pytest_asyncio, pydantic, uvloop, prometheus_client, selenium' 2>/dev/null; then
         log "installing build and test tools"
         "$PY" -m pip install --quiet --upgrade pip
-        "$PY" -m pip install --quiet "maturin>=1.5,<2" "pytest>=8" "pytest-asyncio>=0.23" "pydantic>=2" "uvloop>=0.19"
+        "$PY" -m pip install --quiet "maturin>=1.5,<2" "pytest>=8" "pytest-asyncio>=0.23" "pydantic>=2" "uvloop>=0.19" \
+            "prometheus-client>=0.20" "selenium>=4.20"
     fi
     # The lint gates' tools (scripts/lint.sh), pinned so a new release cannot turn CI red.
     if ! "$VENV/bin/ruff" --version 2>/dev/null | grep -qx "ruff $RUFF_VERSION" \

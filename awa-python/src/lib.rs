@@ -9,6 +9,7 @@
 //! - `cron`: periodic jobs (registration checks, upsert at start, schedule operations).
 //! - `worker`: the Python worker bridge (`NativeWorker`, `NativeJobContext`).
 //! - `logging`: engine `tracing` events forwarded to Python's `logging`.
+//! - `ops`: the embedded migration scripts for the `awa` command line.
 
 mod bridge;
 mod client;
@@ -16,6 +17,7 @@ mod convert;
 mod cron;
 mod errors;
 mod logging;
+mod ops;
 mod transaction;
 mod worker;
 
@@ -51,6 +53,7 @@ fn quiesce(py: Python<'_>, millis: u64) {
 fn _awa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     cron::register(m)?;
+    ops::register(m)?;
     m.add_class::<client::NativeClient>()?;
     m.add_class::<transaction::NativeTransaction>()?;
     m.add_class::<worker::NativeWorker>()?;
