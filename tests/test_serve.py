@@ -101,6 +101,19 @@ def test_stats_and_timeseries(api: Api, sync_client: awa.Client) -> None:
     assert api.status("GET", "/api/stats/timeseries?minutes=abc")[0] == 400
 
 
+def test_stats_estimate_past_the_cap(api: Api, sync_client: awa.Client) -> None:
+    from awa._ops import COUNT_CAP
+
+    sync_client._run(sync_client._async._execute(
+        "INSERT INTO awa.jobs (kind, state, finalized_at) SELECT 'bulk', 'completed', now() "
+        "FROM generate_series(1, $1::int)", COUNT_CAP * 3))
+    sync_client._run(sync_client._async._execute("ANALYZE awa.jobs"))
+    stats = api.get("/api/stats")
+    assert stats["estimated"] == ["completed"] and stats["count_cap"] == COUNT_CAP
+    assert COUNT_CAP * 2 <= stats["counts"]["completed"] <= COUNT_CAP * 4  # the planner's estimate
+    assert stats["last_hour_capped"] == ["completed"] and stats["last_hour"]["completed"] == COUNT_CAP
+
+
 def test_jobs_list_filters_paging_and_detail(api: Api, sync_client: awa.Client) -> None:
     ids = insert(sync_client, 3, queue="q1", tags=["red"])
     other = insert(sync_client, 1, kind="other", queue="q2")[0]
@@ -434,3 +447,37 @@ def test_callbacks_serve_checks_the_signature(database_url: str) -> None:
         assert api.status("GET", "/")[0] == 404
     for api in start(ServeConfig(database_url, port=0, callbacks_only=True)):  # --allow-unsigned
         assert api.status("POST", f"/api/callbacks/{uuid.uuid4()}/complete", {})[0] == 404
+
+
+def test_worker_metrics_endpoint_counts_this_process(database_url: str) -> None:
+    async def body() -> None:
+        client = awa.AsyncClient(database_url)
+
+        @client.task(dict, kind="noop_metrics")
+        async def noop(job: Any) -> None:
+            return None
+
+        server = awa.serve_metrics(client, port=0)
+        try:
+            def claimed() -> float:
+                with urllib.request.urlopen(server.url, timeout=30) as resp:
+                    families = {f.name: f for f in text_string_to_metric_families(resp.read().decode())}
+                return float(families["awa_jobs_claimed"].samples[0].value)
+
+            before = claimed()
+            job = await client.insert({}, kind="noop_metrics")
+            from helpers import FAST, wait_for_state
+            await client.start([("default", 1)], **FAST)
+            await wait_for_state(client, job.id, "completed")
+            assert claimed() >= before + 1
+            with pytest.raises(urllib.error.HTTPError):
+                urllib.request.urlopen(server.url.replace("/metrics", "/other"), timeout=30)
+        finally:
+            server.close()
+            await client.shutdown()
+            await client.close()
+        with pytest.raises(TypeError):
+            awa.serve_metrics(object())
+
+    import asyncio
+    asyncio.run(body())

@@ -25,6 +25,7 @@ from ._awa import (
 from ._client import AsyncClient, Client, SyncTransaction, Transaction
 from ._convert import MAX_JSON_DEPTH, derive_kind
 from ._job import Job
+from ._metrics import serve_metrics
 from ._outcomes import Cancel, RetryAfter, Snooze, WaitForCallback
 from ._states import DEFAULT_UNIQUE_STATES, JobState, unique_states
 
@@ -60,5 +61,6 @@ __all__ = [
     "WaitForCallback",
     "__version__",
     "derive_kind",
+    "serve_metrics",
     "unique_states",
 ]

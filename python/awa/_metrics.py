@@ -10,9 +10,10 @@ own counters are served by :func:`awa.serve_metrics` in the worker process.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Iterable, Mapping
 
-__all__ = ["render_metrics", "render_counters"]
+__all__ = ["render_metrics", "render_counters", "serve_metrics", "MetricsServer"]
 
 #: Engine counter -> (metric name, help). The names follow Prometheus conventions
 #: (``_total`` for counters); docs/operating.md lists them with awa-pg's OTLP names.
@@ -71,3 +72,57 @@ def render_metrics(queues: list[dict[str, Any]], counters: Mapping[str, int]) ->
                      [({"queue": q["queue"]}, q["dlq_depth"]) for q in queues])
     lines += render_counters(counters)
     return "\n".join(lines) + "\n"
+
+
+class MetricsServer:
+    """A worker process's ``GET /metrics`` (this process's engine counters), on a daemon
+    thread; from :func:`serve_metrics`. ``url`` is where it listens; ``close()`` stops it."""
+
+    def __init__(self, native: Any, host: str, port: int) -> None:
+        import http.server
+        import threading
+
+        def body() -> bytes:
+            return render_text(json.loads(native.metrics())).encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - the base class's naming
+                status, data, ctype = (200, body(), "text/plain; version=0.0.4; charset=utf-8") \
+                    if self.path.split("?")[0] == "/metrics" else (404, b"not found\n", "text/plain")
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = http.server.ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="awa-metrics", daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host!s}:{port}/metrics"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)
+
+
+def render_text(counters: Mapping[str, int]) -> str:
+    return "\n".join(render_counters(counters)) + "\n"
+
+
+def serve_metrics(client: Any, port: int = 9464, host: str = "127.0.0.1") -> MetricsServer:
+    """Serve this process's engine counters as Prometheus text on ``http://host:port/metrics``
+    (a worker's scrape target; ``awa serve`` covers the database-wide gauges). ``client`` is an
+    ``awa.AsyncClient`` or ``awa.Client``. Binds to 127.0.0.1 unless told otherwise."""
+    native = getattr(client, "_native", None) or getattr(getattr(client, "_async", None), "_native", None)
+    if native is None:
+        raise TypeError("serve_metrics() needs an awa.AsyncClient or awa.Client")
+    return MetricsServer(native, host, port)

@@ -24,7 +24,7 @@ __all__ = ["Ops", "NotFound", "BadRequest", "STATES", "COUNT_CAP"]
 #: Every job state, in the engine's order.
 STATES = ("scheduled", "available", "running", "completed", "retryable", "failed", "cancelled", "waiting_external")
 #: Exact counts stop here; past it a count is the planner's estimate, marked as such.
-COUNT_CAP = 10_000
+COUNT_CAP = 1_000
 #: The largest page of jobs or DLQ rows one call returns.
 MAX_LIMIT = 1000
 #: The maintenance leader's session advisory lock (awa-core maintenance::LEADER_LOCK), as
@@ -123,11 +123,27 @@ class Ops:
 
     async def read(self, sql: str, *params: Any) -> list[dict[str, Any]]:
         """Rows of one read-only statement, in a transaction that is rolled back."""
+        return (await self.read_many([(sql, list(params))]))[0]
+
+    async def read_many(self, statements: list[tuple[str, list[Any]]]) -> list[list[dict[str, Any]]]:
+        """Several reads in one transaction (one snapshot, one connection), rolled back."""
         tx = await self.native.transaction()
         try:
-            return cast("list[dict[str, Any]]", await tx.fetch_all(sql, list(params)))
+            return [cast("list[dict[str, Any]]", await tx.fetch_all(sql, params)) for sql, params in statements]
         finally:
             await tx.rollback()
+
+    async def read_rows_json(self, sql: str, *params: Any) -> list[dict[str, Any]]:
+        """The rows of ``sql`` as one JSON array built by the server (``json_agg``, in the
+        statement's order, timestamps in UTC): one text cell to decode instead of a Python
+        value per column, several times faster for pages of wide rows."""
+        tx = await self.native.transaction()
+        try:
+            await tx.execute("SET LOCAL TimeZone TO 'UTC'", [])
+            rows = await tx.fetch_all(f"SELECT coalesce(json_agg(r), '[]')::text AS rows FROM ({sql}) r", list(params))
+        finally:
+            await tx.rollback()
+        return cast("list[dict[str, Any]]", json.loads(rows[0]["rows"]))
 
     async def read_only(self) -> bool:
         """Whether this server (or role) runs transactions read-only
@@ -156,15 +172,19 @@ class Ops:
         )
         return {r["state"]: int(r["n"]) for r in rows}
 
-    async def state_counts(self) -> tuple[dict[str, int], list[str]]:
-        """Rows per state, exact up to COUNT_CAP; the states past it are estimates (second)."""
-        parts = [
+    def _capped_counts_sql(self) -> str:
+        return " UNION ALL ".join(
             f"SELECT '{s}' AS state, (SELECT count(*) FROM (SELECT 1 FROM awa.jobs WHERE "
             f"{_STATE_PREDICATE[s]} LIMIT $1) t) AS n"
             for s in STATES
-        ]
-        rows = await self.read(" UNION ALL ".join(parts), COUNT_CAP)
-        counts = {r["state"]: int(r["n"]) for r in rows}
+        )
+
+    async def state_counts(self) -> tuple[dict[str, int], list[str]]:
+        """Rows per state, exact up to COUNT_CAP; the states past it are estimates (second)."""
+        rows = await self.read(self._capped_counts_sql(), COUNT_CAP)
+        return await self._with_estimates({r["state"]: int(r["n"]) for r in rows})
+
+    async def _with_estimates(self, counts: dict[str, int]) -> tuple[dict[str, int], list[str]]:
         estimated = [s for s, n in counts.items() if n >= COUNT_CAP]
         if estimated:
             guesses = await self._estimates()
@@ -173,22 +193,27 @@ class Ops:
         return counts, estimated
 
     async def stats(self) -> dict[str, Any]:
-        counts, estimated = await self.state_counts()
-        recent = await self.read(
-            "SELECT state, count(*) AS n FROM awa.jobs WHERE state IN ('completed', 'failed', 'cancelled') "
-            "AND finalized_at >= now() - interval '1 hour' GROUP BY state"
-        )
-        last_hour = {s: 0 for s in ("completed", "failed", "cancelled")}
-        last_hour.update({r["state"]: int(r["n"]) for r in recent})
-        dlq = await self.read(
-            "SELECT count(*) AS n FROM (SELECT 1 FROM awa.jobs_dlq LIMIT $1) t", COUNT_CAP
-        )
+        # One transaction: capped counts per state; finalized in the last hour per state,
+        # capped the same way (a range scan of the (state, finalized_at) index that stops at
+        # the cap); the DLQ's depth, capped.
+        recent_sql = " UNION ALL ".join(
+            f"SELECT '{s}' AS state, (SELECT count(*) FROM (SELECT 1 FROM awa.jobs WHERE state = '{s}' "
+            f"AND finalized_at >= now() - interval '1 hour' LIMIT $1) t) AS n"
+            for s in ("completed", "failed", "cancelled"))
+        counts_rows, recent, dlq = await self.read_many([
+            (self._capped_counts_sql(), [COUNT_CAP]),
+            (recent_sql, [COUNT_CAP]),
+            ("SELECT count(*) AS n FROM (SELECT 1 FROM awa.jobs_dlq LIMIT $1) t", [COUNT_CAP]),
+        ])
+        counts, estimated = await self._with_estimates({r["state"]: int(r["n"]) for r in counts_rows})
+        last_hour = {r["state"]: int(r["n"]) for r in recent}
         dlq_n = int(dlq[0]["n"])
         return {
             "counts": counts,
             "estimated": estimated,
             "total": sum(counts.values()),
             "last_hour": last_hour,
+            "last_hour_capped": [s for s, n in last_hour.items() if n >= COUNT_CAP],
             "dlq_depth": dlq_n,
             "dlq_estimated": dlq_n >= COUNT_CAP,
             "count_cap": COUNT_CAP,
@@ -244,7 +269,7 @@ class Ops:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += f" ORDER BY id DESC LIMIT ${len(params)}"
-        rows = await self.read(sql, *params)
+        rows = await self.read_rows_json(sql, *params)
         more = len(rows) > limit
         jobs = [_job(r) for r in rows[:limit]]
         return {"jobs": jobs, "next_before_id": jobs[-1]["id"] if more else None}
@@ -418,7 +443,7 @@ class Ops:
         limit = check_int("limit", limit, 1, MAX_LIMIT)
         where, params = self._dlq_filter(kind, queue, tag, before_id)
         params.append(limit + 1)
-        rows = await self.read(
+        rows = await self.read_rows_json(
             f"SELECT {_DLQ_COLUMNS} FROM awa.jobs_dlq{where} ORDER BY id DESC LIMIT ${len(params)}", *params
         )
         more = len(rows) > limit
