@@ -36,6 +36,12 @@ _LEADER_KEY = (0x6177_615F, 0x6C65_6164)
 _STATE_PREDICATE = {s: f"state = '{s}'" for s in STATES}
 _STATE_PREDICATE["waiting_external"] = "callback_id IS NOT NULL AND state = 'waiting_external'"
 
+# _PLANS: limits, cursors and spans are checked integers written into the SQL, not bound
+# parameters. The driver prepares statements, and after a few runs PostgreSQL may switch a
+# prepared statement to a generic plan, which cannot know that `LIMIT $1` is 51 or that
+# `id < $2` leaves a small range: on a million rows such a plan sorts the whole table.
+# Text filters (state, kind, queue, tag) stay bound parameters.
+
 _JOB_COLUMNS = (
     "id, kind, queue, args, state, priority, attempt, max_attempts, run_at, heartbeat_at, "
     "deadline_at, attempted_at, finalized_at, created_at, errors, metadata, tags, unique_states, "
@@ -175,13 +181,13 @@ class Ops:
     def _capped_counts_sql(self) -> str:
         return " UNION ALL ".join(
             f"SELECT '{s}' AS state, (SELECT count(*) FROM (SELECT 1 FROM awa.jobs WHERE "
-            f"{_STATE_PREDICATE[s]} LIMIT $1) t) AS n"
+            f"{_STATE_PREDICATE[s]} LIMIT {COUNT_CAP}) t) AS n"
             for s in STATES
         )
 
     async def state_counts(self) -> tuple[dict[str, int], list[str]]:
         """Rows per state, exact up to COUNT_CAP; the states past it are estimates (second)."""
-        rows = await self.read(self._capped_counts_sql(), COUNT_CAP)
+        rows = await self.read(self._capped_counts_sql())
         return await self._with_estimates({r["state"]: int(r["n"]) for r in rows})
 
     async def _with_estimates(self, counts: dict[str, int]) -> tuple[dict[str, int], list[str]]:
@@ -198,12 +204,12 @@ class Ops:
         # the cap); the DLQ's depth, capped.
         recent_sql = " UNION ALL ".join(
             f"SELECT '{s}' AS state, (SELECT count(*) FROM (SELECT 1 FROM awa.jobs WHERE state = '{s}' "
-            f"AND finalized_at >= now() - interval '1 hour' LIMIT $1) t) AS n"
+            f"AND finalized_at >= now() - interval '1 hour' LIMIT {COUNT_CAP}) t) AS n"
             for s in ("completed", "failed", "cancelled"))
         counts_rows, recent, dlq = await self.read_many([
-            (self._capped_counts_sql(), [COUNT_CAP]),
-            (recent_sql, [COUNT_CAP]),
-            ("SELECT count(*) AS n FROM (SELECT 1 FROM awa.jobs_dlq LIMIT $1) t", [COUNT_CAP]),
+            (self._capped_counts_sql(), []),
+            (recent_sql, []),
+            (f"SELECT count(*) AS n FROM (SELECT 1 FROM awa.jobs_dlq LIMIT {COUNT_CAP}) t", []),
         ])
         counts, estimated = await self._with_estimates({r["state"]: int(r["n"]) for r in counts_rows})
         last_hour = {r["state"]: int(r["n"]) for r in recent}
@@ -223,18 +229,18 @@ class Ops:
         """Jobs finalized per minute over the last ``minutes``, by state (oldest first; every
         minute present, zeros included)."""
         minutes = check_int("minutes", minutes, 1, 1440)
+        span = f"make_interval(mins => {minutes - 1})"  # a checked integer, inlined: see _PLANS
         rows = await self.read(
-            "WITH m AS (SELECT generate_series(date_trunc('minute', now()) - make_interval(mins => $1::int - 1), "
+            f"WITH m AS (SELECT generate_series(date_trunc('minute', now()) - {span}, "
             "date_trunc('minute', now()), interval '1 minute') AS minute), "
             "c AS (SELECT date_trunc('minute', finalized_at) AS minute, state, count(*) AS n FROM awa.jobs "
             "WHERE state IN ('completed', 'failed', 'cancelled') "
-            "AND finalized_at >= date_trunc('minute', now()) - make_interval(mins => $1::int - 1) GROUP BY 1, 2) "
+            f"AND finalized_at >= date_trunc('minute', now()) - {span} GROUP BY 1, 2) "
             "SELECT m.minute, "
             "coalesce(sum(c.n) FILTER (WHERE c.state = 'completed'), 0)::bigint AS completed, "
             "coalesce(sum(c.n) FILTER (WHERE c.state = 'failed'), 0)::bigint AS failed, "
             "coalesce(sum(c.n) FILTER (WHERE c.state = 'cancelled'), 0)::bigint AS cancelled "
             "FROM m LEFT JOIN c ON c.minute = m.minute GROUP BY m.minute ORDER BY m.minute",
-            minutes,
         )
         return {"minutes": minutes, "points": plain(rows)}
 
@@ -263,12 +269,11 @@ class Ops:
         if tag is not None:
             add("tags @> ARRAY[{}::text]", tag)
         if before_id is not None:
-            add("id < {}", check_int("before_id", before_id, 1, 2**63 - 1))
-        params.append(limit + 1)
+            where.append(f"id < {check_int('before_id', before_id, 1, 2**63 - 1)}")  # inlined: see _PLANS
         sql = f"SELECT {_JOB_COLUMNS} FROM awa.jobs"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        sql += f" ORDER BY id DESC LIMIT ${len(params)}"
+        sql += f" ORDER BY id DESC LIMIT {limit + 1}"
         rows = await self.read_rows_json(sql, *params)
         more = len(rows) > limit
         jobs = [_job(r) for r in rows[:limit]]
@@ -428,8 +433,7 @@ class Ops:
                 params.append(value)
                 where.append(clause.format(f"${len(params)}"))
         if before_id is not None:
-            params.append(check_int("before_id", before_id, 1, 2**63 - 1))
-            where.append(f"id < ${len(params)}")
+            where.append(f"id < {check_int('before_id', before_id, 1, 2**63 - 1)}")  # inlined: see _PLANS
         return (" WHERE " + " AND ".join(where)) if where else "", params
 
     async def dlq_depth(self, queue: Optional[str] = None) -> dict[str, Any]:
@@ -442,9 +446,8 @@ class Ops:
                        limit: Any = 50, before_id: Any = None) -> dict[str, Any]:
         limit = check_int("limit", limit, 1, MAX_LIMIT)
         where, params = self._dlq_filter(kind, queue, tag, before_id)
-        params.append(limit + 1)
         rows = await self.read_rows_json(
-            f"SELECT {_DLQ_COLUMNS} FROM awa.jobs_dlq{where} ORDER BY id DESC LIMIT ${len(params)}", *params
+            f"SELECT {_DLQ_COLUMNS} FROM awa.jobs_dlq{where} ORDER BY id DESC LIMIT {limit + 1}", *params
         )
         more = len(rows) > limit
         items = [cast("dict[str, Any]", plain(r)) for r in rows[:limit]]
