@@ -25,6 +25,8 @@ __all__ = ["Ops", "NotFound", "BadRequest", "STATES", "COUNT_CAP"]
 STATES = ("scheduled", "available", "running", "completed", "retryable", "failed", "cancelled", "waiting_external")
 #: Exact counts stop here; past it a count is the planner's estimate, marked as such.
 COUNT_CAP = 1_000
+#: A state whose planner estimate passes this many times COUNT_CAP is not counted at all.
+ESTIMATE_FACTOR = 10
 #: The largest page of jobs or DLQ rows one call returns.
 MAX_LIMIT = 1000
 #: The maintenance leader's session advisory lock (awa-core maintenance::LEADER_LOCK), as
@@ -145,7 +147,9 @@ class Ops:
         value per column, several times faster for pages of wide rows."""
         tx = await self.native.transaction()
         try:
-            await tx.execute("SET LOCAL TimeZone TO 'UTC'", [])
+            # UTC timestamps; and plan each statement for its own values (see _PLANS)
+            await tx.fetch_all("SELECT set_config('TimeZone', 'UTC', true), "
+                               "set_config('plan_cache_mode', 'force_custom_plan', true)", [])
             rows = await tx.fetch_all(f"SELECT coalesce(json_agg(r), '[]')::text AS rows FROM ({sql}) r", list(params))
         finally:
             await tx.rollback()
@@ -178,40 +182,48 @@ class Ops:
         )
         return {r["state"]: int(r["n"]) for r in rows}
 
-    def _capped_counts_sql(self) -> str:
+    def _capped_counts_sql(self, states: Iterable[str]) -> str:
         return " UNION ALL ".join(
             f"SELECT '{s}' AS state, (SELECT count(*) FROM (SELECT 1 FROM awa.jobs WHERE "
             f"{_STATE_PREDICATE[s]} LIMIT {COUNT_CAP}) t) AS n"
-            for s in STATES
+            for s in states
         )
 
     async def state_counts(self) -> tuple[dict[str, int], list[str]]:
-        """Rows per state, exact up to COUNT_CAP; the states past it are estimates (second)."""
-        rows = await self.read(self._capped_counts_sql())
-        return await self._with_estimates({r["state"]: int(r["n"]) for r in rows})
+        """Rows per state and the states whose number is the planner's estimate.
 
-    async def _with_estimates(self, counts: dict[str, int]) -> tuple[dict[str, int], list[str]]:
-        estimated = [s for s, n in counts.items() if n >= COUNT_CAP]
-        if estimated:
-            guesses = await self._estimates()
-            for s in estimated:
-                counts[s] = max(COUNT_CAP, guesses.get(s, 0))
-        return counts, estimated
+        A state the statistics put far past the cap (ESTIMATE_FACTOR x COUNT_CAP rows) is not
+        counted at all: its estimate is the answer. The others are counted exactly up to
+        COUNT_CAP rows through their partial indexes; one that reaches the cap (stale
+        statistics) falls back to the estimate too. So the cost is bounded whatever the size
+        of the table: on a million jobs, one read of pg_stats plus a few small index scans."""
+        guesses = await self._estimates()
+        to_count = [s for s in STATES if guesses.get(s, 0) < ESTIMATE_FACTOR * COUNT_CAP]
+        counts = {s: guesses[s] for s in STATES if s not in to_count}
+        estimated = [s for s in STATES if s not in to_count]
+        if to_count:
+            rows = await self.read(self._capped_counts_sql(to_count))
+            for r in rows:
+                n = int(r["n"])
+                if n >= COUNT_CAP:
+                    estimated.append(r["state"])
+                    n = max(COUNT_CAP, guesses.get(r["state"], 0))
+                counts[r["state"]] = n
+        return {s: counts[s] for s in STATES}, [s for s in STATES if s in estimated]
 
     async def stats(self) -> dict[str, Any]:
-        # One transaction: capped counts per state; finalized in the last hour per state,
-        # capped the same way (a range scan of the (state, finalized_at) index that stops at
-        # the cap); the DLQ's depth, capped.
+        # Counts per state (state_counts); finalized in the last hour per state, capped (a
+        # range scan of the (state, finalized_at) index that stops at the cap); the DLQ's
+        # depth, capped.
         recent_sql = " UNION ALL ".join(
             f"SELECT '{s}' AS state, (SELECT count(*) FROM (SELECT 1 FROM awa.jobs WHERE state = '{s}' "
             f"AND finalized_at >= now() - interval '1 hour' LIMIT {COUNT_CAP}) t) AS n"
             for s in ("completed", "failed", "cancelled"))
-        counts_rows, recent, dlq = await self.read_many([
-            (self._capped_counts_sql(), []),
+        counts, estimated = await self.state_counts()
+        recent, dlq = await self.read_many([
             (recent_sql, []),
             (f"SELECT count(*) AS n FROM (SELECT 1 FROM awa.jobs_dlq LIMIT {COUNT_CAP}) t", []),
         ])
-        counts, estimated = await self._with_estimates({r["state"]: int(r["n"]) for r in counts_rows})
         last_hour = {r["state"]: int(r["n"]) for r in recent}
         dlq_n = int(dlq[0]["n"])
         return {
