@@ -98,20 +98,24 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=40, help="timed requests per route (after 3 warm-ups)")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--keep", action="store_true", help="keep the database")
+    parser.add_argument("--reuse", action="store_true",
+                        help="measure the database a --keep run left (same --jobs), without filling it again")
     args = parser.parse_args()
     base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
     name = "awa_bench_operate"
-    admin(base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin(base, f'CREATE DATABASE "{name}"')
     url = with_db(base, name)
+    if not args.reuse:
+        admin(base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin(base, f'CREATE DATABASE "{name}"')
     try:
         t0 = time.perf_counter()
-        with awa.Client(url, max_connections=2) as c:
-            c.migrate()
-            c._run(c._async._execute(FILL, args.jobs))
-            c._run(c._async._execute(DLQ_FILL, args.jobs * 2, args.dlq))
-            c._run(c._async._execute("VACUUM (ANALYZE) awa.jobs"))
-            c._run(c._async._execute("VACUUM (ANALYZE) awa.jobs_dlq"))
+        if not args.reuse:
+            with awa.Client(url, max_connections=2) as c:
+                c.migrate()
+                c._run(c._async._execute(FILL, args.jobs))
+                c._run(c._async._execute(DLQ_FILL, args.jobs * 2, args.dlq))
+                c._run(c._async._execute("VACUUM (ANALYZE) awa.jobs"))
+                c._run(c._async._execute("VACUUM (ANALYZE) awa.jobs_dlq"))
         fill_s = time.perf_counter() - t0
         print(f"filled {args.jobs} jobs and {args.dlq} DLQ rows in {fill_s:.0f} s", file=sys.stderr)
         server = Server(ServeConfig(url, port=0))
@@ -142,7 +146,7 @@ def main() -> int:
         print("target met" if not missed else f"target missed: {', '.join(missed)}", file=sys.stderr)
         return 0
     finally:
-        if not args.keep:
+        if not args.keep and not args.reuse:
             admin(base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
