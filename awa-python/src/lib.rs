@@ -11,6 +11,7 @@
 //! - `start_config`: `start()`'s settings (JSON from the package) as engine configs.
 //! - `worker`: the Python worker bridge (`NativeWorker`, `NativeJobContext`).
 //! - `logging`: engine `tracing` events forwarded to Python's `logging`.
+//! - `ops`: the embedded migration scripts for the `awa` command line.
 
 mod bridge;
 mod client;
@@ -19,6 +20,7 @@ mod cron;
 mod driver;
 mod errors;
 mod logging;
+mod ops;
 mod start_config;
 mod transaction;
 mod worker;
@@ -55,6 +57,7 @@ fn quiesce(py: Python<'_>, millis: u64) {
 fn _awa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     cron::register(m)?;
+    ops::register(m)?;
     m.add_class::<client::NativeClient>()?;
     m.add_class::<transaction::NativeTransaction>()?;
     m.add_class::<worker::NativeWorker>()?;

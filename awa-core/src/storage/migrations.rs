@@ -256,11 +256,24 @@ pub async fn current_version(pool: &Db) -> Result<i32> {
 /// may not run DDL. `from = 0` gives the whole schema. It does what [`migrate`] does: takes
 /// the same advisory lock and records each version in `awa.schema_version`.
 pub fn pending_sql(from: i32) -> String {
+    range_sql(from, latest_version())
+}
+
+/// Every migration as `(version, sql)`, in order (what `awa migrate --extract-to` writes out,
+/// one file per version).
+pub fn scripts() -> &'static [(i32, &'static str)] {
+    MIGRATIONS
+}
+
+/// Like [`pending_sql`] for the migrations after `from` up to and including `to` (`awa migrate
+/// --sql --from V --to W`): one transaction under the same advisory lock, each version recorded.
+/// An empty range gives a script that only takes the lock and creates the bookkeeping table.
+pub fn range_sql(from: i32, to: i32) -> String {
     let mut script = String::from("BEGIN;\n");
     script.push_str(&format!("SELECT pg_advisory_xact_lock({MIGRATE_LOCK});\n"));
     script.push_str(BOOTSTRAP_SQL);
     script.push('\n');
-    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > from) {
+    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > from && *v <= to) {
         script.push_str(&format!("\n-- awa migration {version}\n"));
         script.push_str(sql.trim_end());
         script.push_str(&format!(
