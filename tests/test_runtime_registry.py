@@ -44,7 +44,7 @@ async def test_a_running_worker_is_listed_until_it_shuts_down(client: awa.AsyncC
 
 
 async def _instance_id(client: awa.AsyncClient) -> str | None:
-    value = (await client.health_check()).get("instance_id")
+    value = (await client.health_check()).instance_id
     return None if value is None else str(value)
 
 

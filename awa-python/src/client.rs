@@ -295,7 +295,7 @@ impl NativeClient {
 
     fn migrate<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        self.spawn(py, async move { awa_core::migrate(&pool).await.py_err() })
+        bridge::spawn(py, async move { awa_core::migrate(&pool).await.py_err() })
     }
 
     /// Insert many requests in one statement (all or nothing); returns a JSON list.
@@ -846,7 +846,7 @@ impl NativeClient {
 
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        self.spawn(py, async move {
+        bridge::spawn(py, async move {
             pool.close().await;
             Ok(())
         })

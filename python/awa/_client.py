@@ -516,6 +516,7 @@ class AsyncClient:
             postgres_connected=connected, poll_loop_alive=running, heartbeat_alive=running,
             shutting_down=self._shutting_down, leader=bool(native.get("leader")), queues=queues,
             schema_version=int(native.get("schema_version") or 0),
+            instance_id=None if native.get("instance_id") is None else str(native["instance_id"]),
         )
 
     async def _schema_version(self) -> int:
@@ -1156,7 +1157,7 @@ class Client:
     def drain_queue(self, queue: str) -> int:
         return self._run(self._async.drain_queue(queue))
 
-    def queue_stats(self) -> list[dict[str, Any]]:
+    def queue_stats(self) -> list[QueueStat]:
         return self._run(self._async.queue_stats())
 
     def flush_admin_metadata(self) -> None:

@@ -325,7 +325,9 @@ class Ops:
             raise NotFound(f"job {job_id} not found") from None
 
     async def retry_failed(self, kind: Optional[str], queue: Optional[str]) -> int:
-        return int(json.loads(await self.native.retry_failed(kind, queue)))
+        # The CLI and the API always name a kind or a queue, so allow_all stays off.
+        result = json.loads(await self.native.retry_failed(kind, queue, False))
+        return len(result["jobs"])
 
     async def discard_failed(self, kind: str) -> int:
         return int(json.loads(await self.native.discard_failed(kind, None)))
@@ -468,16 +470,16 @@ class Ops:
         return {"jobs": items, "next_before_id": items[-1]["id"] if more else None}
 
     async def dlq_get(self, job_id: int) -> dict[str, Any]:
-        try:
-            return cast("dict[str, Any]", json.loads(await self.native.get_dlq_job(job_id)))
-        except _awa.JobNotFound:
-            raise NotFound(f"DLQ job {job_id} not found") from None
+        entry = json.loads(await self.native.get_dlq_job(job_id))
+        if entry is None:  # the engine answers null for an id not in the DLQ
+            raise NotFound(f"DLQ job {job_id} not found")
+        return cast("dict[str, Any]", entry)
 
     async def dlq_retry(self, job_id: int) -> dict[str, Any]:
-        try:
-            return _job(json.loads(await self.native.retry_from_dlq(job_id)))
-        except _awa.JobNotFound:
-            raise NotFound(f"DLQ job {job_id} not found") from None
+        job = json.loads(await self.native.retry_from_dlq(job_id, None, None, None))
+        if job is None:  # null: no such id in the DLQ
+            raise NotFound(f"DLQ job {job_id} not found")
+        return _job(job)
 
     async def dlq_delete(self, job_id: int) -> None:
         n = await self.native.execute("DELETE FROM awa.jobs_dlq WHERE id = $1", [job_id])

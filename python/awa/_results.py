@@ -97,7 +97,9 @@ class QueueHealth:
 class HealthCheck:
     """What ``health_check()`` reports. ``healthy`` is true while the client's worker runs,
     the database answers and it is not shutting down; a client that never started is not
-    healthy but ``postgres_connected``. ``schema_version`` is this package's addition."""
+    healthy but ``postgres_connected``. ``schema_version`` and ``instance_id`` (this client's
+    row in the runtime registry, docs/runtime-registry.md; None until written, or when not
+    started) are this package's additions."""
 
     healthy: bool
     postgres_connected: bool
@@ -107,6 +109,7 @@ class HealthCheck:
     leader: bool
     queues: dict[str, QueueHealth]
     schema_version: int = 0
+    instance_id: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
