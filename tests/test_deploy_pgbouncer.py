@@ -136,7 +136,7 @@ async def test_a_fleet_drains_stages_and_runs_callbacks_through_pgbouncer(
         assert (await fleet[2].fail_external(tokens[1], "declined")).state == "failed"
         # One maintenance leader among the three, through PgBouncer.
         async def one_leader() -> bool:
-            leaders = [(await c.health_check())["leader"] for c in fleet]
+            leaders = [(await c.health_check()).leader for c in fleet]
             return leaders.count(True) == 1
         await wait_for(one_leader, timeout=30, what="one leader")
         # PgBouncer multiplexed: the fleet's twelve connections used at most four sessions.
@@ -197,7 +197,7 @@ async def test_a_killed_worker_is_rescued_through_pgbouncer(observer: tuple[str,
         await survivor.start([("default", 1)], **{**FAST, "heartbeat_staleness_ms": 1500})
         done = await wait_for_state(direct, job.id, "completed", timeout=60)
         assert attempts == [2] and done.attempt == 2
-        assert (await survivor.health_check())["leader"] is True
+        assert (await survivor.health_check()).leader is True
     finally:
         if proc.poll() is None:
             proc.kill()
