@@ -305,7 +305,10 @@ fn settle_members(members: &[Member<'_>], done: &[(i64, i64)], first_try: bool) 
     }
 }
 
-async fn wake(pool: &Db, waker: Option<&Waker>, mut woken: Vec<String>) {
+/// Wake the queues that received follow-ups after a commit (through `waker` when given, else
+/// with a NOTIFY of its own). Only a hint (polling is the safety net): a failure here must not
+/// fail a committed finalization. Shared by both completion paths.
+pub(super) async fn wake(pool: &Db, waker: Option<&Waker>, mut woken: Vec<String>) {
     if woken.is_empty() {
         return;
     }
@@ -314,7 +317,6 @@ async fn wake(pool: &Db, waker: Option<&Waker>, mut woken: Vec<String>) {
     match waker {
         Some(waker) => waker.request(&woken),
         None => {
-            // Only a hint (polling is the safety net).
             if let Err(e) = wake_queues(pool, &woken).await {
                 tracing::debug!(error = %e, "follow-up wake-up failed; workers will find the jobs by polling");
             }

@@ -84,20 +84,7 @@ pub(crate) async fn finalize_once(
     }
     seams::check(Point::AfterCommit, fin.job.id)?;
     metrics::add(&metrics::JOBS_FINALIZED_PER_JOB, 1);
-    if !woken.is_empty() {
-        woken.sort_unstable();
-        woken.dedup();
-        match waker {
-            Some(waker) => waker.request(&woken),
-            // Only a hint (polling is the safety net): a failure here must not fail a
-            // committed finalization.
-            None => {
-                if let Err(e) = wake_queues(pool, &woken).await {
-                    tracing::debug!(error = %e, "follow-up wake-up failed; workers will find the jobs by polling");
-                }
-            }
-        }
-    }
+    super::batched::wake(pool, waker, woken).await;
     Ok(Finalized::Applied)
 }
 
