@@ -48,6 +48,21 @@ def test_the_report_names_the_commit_and_flags_a_dirty_tree_and_an_unknown_commi
     assert meta["commit"] == head and isinstance(meta["dirty"], bool)
 
 
+
+def test_the_committed_evidence_is_a_full_run_of_a_clean_commit_in_this_history() -> None:
+    """docs/benchmarks.json must come from one full ``bash bench/run.sh`` (every workload at the
+    issue's sizes, at least three rounds) on a clean tree, at a commit this checkout contains."""
+    meta = committed()["meta"]
+    assert meta["command"] == "bash bench/run.sh"
+    assert meta["rounds"] >= 3
+    assert meta["sizes"] == orchestrate.FULL_SIZES
+    assert meta["git"]["dirty"] is False
+    if not os.path.isdir(os.path.join(orchestrate.ROOT, ".git")):
+        pytest.skip("not a git checkout: the commit's ancestry cannot be checked")
+    ancestor = subprocess.run(["git", "-C", orchestrate.ROOT, "merge-base", "--is-ancestor",
+                               meta["git"]["commit"], "HEAD"], capture_output=True, text=True)
+    assert ancestor.returncode == 0, f"measured commit {meta['git']['commit']} is not an ancestor of HEAD"
+
 def summary_with(drains: dict[str, float], floor: float) -> dict:
     s = {"drain.jobs_per_s": {k: {"min": v, "median": v, "max": v, "n": 1} for k, v in drains.items()},
          "floor.jobs_per_s": {"floor": {"min": floor, "median": floor, "max": floor, "n": 1}},
