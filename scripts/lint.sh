@@ -5,7 +5,7 @@
 # gate failed and the command that reproduces it, and the script exits non-zero if any failed.
 #   rustfmt   cargo fmt --all --check
 #   clippy    cargo clippy --workspace --all-targets -- -D warnings
-#   ruff      ruff check python tests bench           (rules: pyproject.toml [tool.ruff])
+#   ruff      ruff check python tests bench correctness          (rules: pyproject.toml [tool.ruff])
 #   mypy      mypy --strict python/awa                (pyproject.toml [tool.mypy])
 #   stubtest  python -m mypy.stubtest awa._awa        (the .pyi stubs against the built wheel)
 #   evidence  python bench/orchestrate.py --check     (docs/benchmarks.md is what its JSON renders to)
@@ -35,7 +35,7 @@ for tool in rustfmt clippy; do
 done
 
 gate rustfmt cargo fmt --all --check
-gate ruff "$VENV/bin/ruff" check python tests bench
+gate ruff "$VENV/bin/ruff" check python tests bench correctness
 gate mypy "$PY" -m mypy --strict python/awa
 gate evidence "$PY" bench/orchestrate.py --check
 gate clippy cargo clippy --workspace --all-targets -- -D warnings

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run the whole test suite: Rust unit, integration and doc tests, then pytest against the built
-# wheel. Every part runs even when an earlier one failed (cargo with --no-fail-fast, pytest
+# Run the whole test suite: Rust unit, integration and doc tests, TLC on the TLA+ models, then
+# pytest against the built wheel. Every part runs even when an earlier one failed (cargo with --no-fail-fast, pytest
 # after a cargo failure), so one failure never hides the others; the script exits non-zero if
 # anything failed, and pytest collecting no test at all (exit code 5) counts as a failure.
 # Extra arguments go to pytest.
@@ -19,6 +19,13 @@ fi
 log "cargo test --doc"
 if ! (cd "$ROOT" && cargo test --workspace --doc --no-fail-fast); then
     failed+=("cargo test --doc")
+fi
+
+# TLC on every configuration of the TLA+ models (the twin above checks the same numbers); the
+# jar comes from PyPI and is cached in ~/.cache/awa-tlc (correctness/README.md).
+log "TLC (correctness/tlc.py)"
+if ! (cd "$ROOT" && "$PY" correctness/tlc.py); then
+    failed+=("TLC (correctness/tlc.py)")
 fi
 
 # The benchmark's bookkeeping (no database): the committed report, its JSON and its commit agree.

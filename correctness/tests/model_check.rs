@@ -358,5 +358,28 @@ fn cfg_files_match_the_twin() {
             Some(name) => format!("\\* Expected to violate: {name}"),
         };
         assert!(has(&expectation), "{file}: missing `{expectation}`");
+        // The numbers correctness/tlc.py holds TLC to are read from these comments, so they
+        // must be the twin's: a positive cfg names its distinct-state count, a negative one
+        // the length of its shortest counterexample.
+        let comments = cfg
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("\\*"))
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let claim = match variant.expected_violation() {
+            None if model.batch_follow_ups => {
+                format!("finds {POSITIVE_DISTINCT_STATES} distinct states")
+            }
+            None => format!("finds {PER_JOB_DISTINCT_STATES} distinct states"),
+            Some(_) => format!(
+                "Shortest counterexample ({} steps)",
+                shortest_counterexample_len(variant)
+            ),
+        };
+        assert!(
+            comments.contains(&claim),
+            "{file}: its comments must say `{claim}` (correctness/tlc.py checks TLC against it)"
+        );
     }
 }
