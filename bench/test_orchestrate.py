@@ -48,7 +48,6 @@ def test_the_report_names_the_commit_and_flags_a_dirty_tree_and_an_unknown_commi
     assert meta["commit"] == head and isinstance(meta["dirty"], bool)
 
 
-
 def test_the_committed_evidence_is_a_full_run_of_a_clean_commit_in_this_history() -> None:
     """docs/benchmarks.json must come from one full ``bash bench/run.sh`` (every workload at the
     issue's sizes, at least three rounds) on a clean tree, at a commit this checkout contains."""
@@ -62,6 +61,7 @@ def test_the_committed_evidence_is_a_full_run_of_a_clean_commit_in_this_history(
     ancestor = subprocess.run(["git", "-C", orchestrate.ROOT, "merge-base", "--is-ancestor",
                                meta["git"]["commit"], "HEAD"], capture_output=True, text=True)
     assert ancestor.returncode == 0, f"measured commit {meta['git']['commit']} is not an ancestor of HEAD"
+
 
 def summary_with(drains: dict[str, float], floor: float) -> dict:
     s = {"drain.jobs_per_s": {k: {"min": v, "median": v, "max": v, "n": 1} for k, v in drains.items()},

@@ -5,7 +5,7 @@
 # gate failed and the command that reproduces it, and the script exits non-zero if any failed.
 #   rustfmt   cargo fmt --all --check
 #   clippy    cargo clippy --workspace --all-targets -- -D warnings
-#   ruff      ruff check python tests bench correctness          (rules: pyproject.toml [tool.ruff])
+#   ruff      ruff check python tests bench correctness (rules: pyproject.toml [tool.ruff])
 #   mypy      mypy --strict python/awa                (pyproject.toml [tool.mypy])
 #   stubtest  python -m mypy.stubtest awa._awa        (the .pyi stubs against the built wheel)
 #   evidence  python bench/orchestrate.py --check     (docs/benchmarks.md is what its JSON renders to)

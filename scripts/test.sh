@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole test suite: Rust unit, integration and doc tests, TLC on the TLA+ models, then
-# pytest against the built wheel. Every part runs even when an earlier one failed (cargo with --no-fail-fast, pytest
-# after a cargo failure), so one failure never hides the others; the script exits non-zero if
+# pytest against the built wheel. Every part runs even when an earlier one failed (cargo with
+# --no-fail-fast, pytest after a cargo failure), so one failure never hides the others; the script exits non-zero if
 # anything failed, and pytest collecting no test at all (exit code 5) counts as a failure.
 # Extra arguments go to pytest.
 source "$(dirname "$0")/lib.sh"
