@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark, one command, from the repository root:
 #
-#   bash bench/run.sh            # full run: the sizes, 3 interleaved rounds (~30-40 min
+#   bash bench/run.sh            # full run: the sizes, 5 interleaved rounds (~30 min
 #                                # on 2 cores, plus ~10 min of release builds the first time)
 #   bash bench/run.sh --quick    # smoke run: small sizes, 1 round (~3-4 min warm)
 #

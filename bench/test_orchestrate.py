@@ -122,3 +122,40 @@ def test_a_quick_run_writes_only_under_bench_results(tmp_path, monkeypatch) -> N
     assert out.returncode == 0, out.stderr
     assert "bench/results/quick.md" in out.stdout
     assert {p: os.path.getmtime(p) for p in before} == before
+
+
+def test_the_floor_runs_right_after_our_runtimes_drains() -> None:
+    registry = orchestrate.systems("/nonexistent/awa-bench")
+    order = orchestrate.schedule(orchestrate.WORKLOADS, list(registry), registry)
+    drains = [i for i, (w, s) in enumerate(order) if w == "drain" and s in ("awa", "awa-rust")]
+    floors = [i for i, (w, _) in enumerate(order) if w == "floor"]
+    assert floors == [drains[-1] + 1], order
+    # Nothing is lost or doubled by the move.
+    everything = [(w, s) for w in orchestrate.WORKLOADS for s in registry if w in registry[s]["workloads"]]
+    assert sorted(order) == sorted(everything)
+
+
+def run(rnd: int, workload: str, system: str, rate: float) -> dict:
+    return {"round": rnd, "workload": workload, "system": system, "ok": True, "result": {"jobs_per_s": rate}}
+
+
+def test_the_floor_is_judged_round_by_round_against_the_drain_beside_it() -> None:
+    # Medians alone would pass (floor median 12,000 > drain median 11,000), but in two of the
+    # three rounds the floor is below the drain measured next to it: missed.
+    runs = [run(1, "drain", "awa-rust", 13000.0), run(1, "floor", "floor", 12000.0),
+            run(2, "drain", "awa-rust", 11000.0), run(2, "floor", "floor", 10000.0),
+            run(3, "drain", "awa-rust", 7000.0), run(3, "floor", "floor", 14000.0)]
+    s = orchestrate.summarize(runs)
+    assert [round(p["ratio"], 3) for p in s["floor.paired"]["rounds"]] == [0.923, 0.909, 2.0]
+    assert verdict(orchestrate.targets(s), "the floor is above every runtime's drain") == "MISSED"
+    for r in runs:
+        if r["workload"] == "floor":
+            r["result"]["jobs_per_s"] *= 1.2
+    assert verdict(orchestrate.targets(orchestrate.summarize(runs)), "the floor is above every runtime's drain") == "met"
+
+
+def test_a_capped_system_runs_and_is_judged_on_its_cap() -> None:
+    registry = orchestrate.systems("/nonexistent/awa-bench")
+    args = type("A", (), {"sizes": dict(orchestrate.FULL_SIZES)})()
+    assert orchestrate.size_for(registry["procrastinate"], "drain", args) == 2000
+    assert orchestrate.size_for(registry["awa"], "drain", args) == orchestrate.FULL_SIZES["drain"]
