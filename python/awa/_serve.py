@@ -42,6 +42,8 @@ T = TypeVar("T")
 
 #: The largest request body accepted (413 past it).
 MAX_BODY = 1 << 20
+#: How much of a refused body is read (and dropped) before answering 413.
+DRAIN_LIMIT = 16 << 20
 #: How long a read-only probe of the server stays valid.
 READ_ONLY_TTL = 5.0
 #: SQLSTATE read_only_sql_transaction.
@@ -382,6 +384,20 @@ def make_handler(app: App) -> type[http.server.BaseHTTPRequestHandler]:
             extra = {"WWW-Authenticate": 'Bearer realm="awa"'} if status == 401 else None
             self._json(status, {"error": " ".join(message.split()), "status": status}, extra)
 
+        def _discard(self, n: int) -> None:
+            """Read and drop ``n`` bytes of a refused body, so a client that sends the whole
+            body before reading (most do) gets the 413 instead of a broken pipe; past
+            ``DRAIN_LIMIT`` the connection is just closed."""
+            self.connection.settimeout(10)
+            try:
+                while n > 0:
+                    chunk = self.rfile.read(min(n, 1 << 16))
+                    if not chunk:
+                        return
+                    n -= len(chunk)
+            except OSError:
+                return
+
         def _host_ok(self) -> bool:
             if app.config.host not in LOOPBACK_HOSTS:
                 return True
@@ -415,6 +431,7 @@ def make_handler(app: App) -> type[http.server.BaseHTTPRequestHandler]:
                 raise HttpError(400, "bad Content-Length") from None
             if length < 0 or length > MAX_BODY:
                 self.close_connection = True
+                self._discard(min(length, DRAIN_LIMIT))
                 raise HttpError(413, f"the body may have at most {MAX_BODY} bytes")
             body = self.rfile.read(length) if length else b""
             if path == "/healthz":
