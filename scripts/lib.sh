@@ -24,14 +24,15 @@ ensure_venv() {
     fi
     # asyncpg, psycopg, SQLAlchemy and Django: the drivers awa.bridge writes through, each
     # tested against the real thing (tests/test_driver_bridge.py); prometheus_client parses
-    # /metrics in tests/test_serve.py; selenium drives Chromium in tests/test_ui.py. All
+    # /metrics in tests/test_serve.py; selenium drives Chromium in tests/test_ui.py; grpcio and
+    # opentelemetry-proto make the OTLP/gRPC collector of tests/test_telemetry.py. All
     # test-only dependencies.
-    if ! "$PY" -c 'import maturin, pytest, pytest_asyncio, pydantic, uvloop, asyncpg, psycopg, sqlalchemy, greenlet, django, prometheus_client, selenium' 2>/dev/null; then
+    if ! "$PY" -c 'import maturin, pytest, pytest_asyncio, pydantic, uvloop, asyncpg, psycopg, sqlalchemy, greenlet, django, prometheus_client, selenium, grpc, opentelemetry.proto' 2>/dev/null; then
         log "installing build and test tools"
         "$PY" -m pip install --quiet --upgrade pip
         "$PY" -m pip install --quiet "maturin>=1.5,<2" "pytest>=8" "pytest-asyncio>=0.23" "pydantic>=2" "uvloop>=0.19" \
             "asyncpg>=0.29" "psycopg[binary]>=3.1" "sqlalchemy[asyncio]>=2.0" "django>=4.2" \
-            "prometheus-client>=0.20" "selenium>=4.20"
+            "prometheus-client>=0.20" "selenium>=4.20" "grpcio>=1.60" "opentelemetry-proto>=1.20"
     fi
     # The lint gates' tools (scripts/lint.sh), pinned so a new release cannot turn CI red.
     if ! "$VENV/bin/ruff" --version 2>/dev/null | grep -qx "ruff $RUFF_VERSION" \

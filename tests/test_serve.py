@@ -5,12 +5,14 @@ check of ``awa callbacks serve``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -168,7 +170,6 @@ def test_runtime_shows_the_leader_of_a_running_worker(api: Api, database_url: st
             await client.shutdown()
             await client.close()
 
-    import asyncio
     asyncio.run(body())
 
 
@@ -272,7 +273,6 @@ def test_callback_routes(api: Api, database_url: str) -> None:
             await client.shutdown()
             await client.close()
 
-    import asyncio
     asyncio.run(body())
 
 
@@ -459,10 +459,16 @@ def test_worker_metrics_endpoint_counts_this_process(database_url: str) -> None:
 
         server = awa.serve_metrics(client, port=0)
         try:
-            def claimed() -> float:
+            def families() -> dict[str, Any]:
                 with urllib.request.urlopen(server.url, timeout=30) as resp:
-                    families = {f.name: f for f in text_string_to_metric_families(resp.read().decode())}
-                return float(families["awa_jobs_claimed"].samples[0].value)
+                    return {f.name: f for f in text_string_to_metric_families(resp.read().decode())}
+
+            def of_kind(family: str, suffix: str = "") -> float:
+                return sum(float(s.value) for s in families()[family].samples
+                           if s.labels.get("kind") == "noop_metrics" and s.name == family + suffix)
+
+            def claimed() -> float:
+                return of_kind("awa_jobs_claimed", "_total")
 
             before = claimed()
             job = await client.insert({}, kind="noop_metrics")
@@ -470,6 +476,18 @@ def test_worker_metrics_endpoint_counts_this_process(database_url: str) -> None:
             await client.start([("default", 1)], **FAST)
             await wait_for_state(client, job.id, "completed")
             assert claimed() >= before + 1
+            # Per kind and queue: inserted, completed, and one handler run in the histogram.
+            assert of_kind("awa_jobs_inserted", "_total") >= 1
+            # Counted just after the commit the test saw: wait for it, boundedly.
+            deadline = time.monotonic() + 30
+            while of_kind("awa_jobs_completed", "_total") < 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert of_kind("awa_jobs_completed", "_total") >= 1
+            assert of_kind("awa_job_duration_seconds", "_count") >= 1
+            assert of_kind("awa_job_wait_seconds", "_count") >= 1
+            inf = [s for s in families()["awa_job_duration_seconds"].samples
+                   if s.labels.get("kind") == "noop_metrics" and s.labels.get("le") == "+Inf"]
+            assert inf and inf[0].labels["queue"] == "default" and inf[0].value >= 1
             with pytest.raises(urllib.error.HTTPError):
                 urllib.request.urlopen(server.url.replace("/metrics", "/other"), timeout=30)
         finally:
@@ -479,5 +497,4 @@ def test_worker_metrics_endpoint_counts_this_process(database_url: str) -> None:
         with pytest.raises(TypeError):
             awa.serve_metrics(object())
 
-    import asyncio
     asyncio.run(body())

@@ -51,6 +51,7 @@ async def test_every_outcome_from_a_python_handler(client: awa.AsyncClient) -> N
         await wait_for_state(client, ids["value"], "completed")
         r = await wait_for_state(client, ids["retry_after"], "retryable")
         assert r.attempt == 1
+        assert r.errors == [], "a requested retry is not an error (as in awa-pg)"
         s = await wait_for_state(client, ids["snooze"], "scheduled")
         assert s.attempt == 0
         c = await wait_for_state(client, ids["cancel"], "cancelled")
@@ -58,8 +59,10 @@ async def test_every_outcome_from_a_python_handler(client: awa.AsyncClient) -> N
         e = await wait_for_state(client, ids["raise"], "retryable")
         assert e.errors[0]["error"] == "ValueError: flaky"
         assert "Traceback" in e.errors[0]["traceback"] and "flaky" in e.errors[0]["traceback"]
+        assert "terminal" not in e.errors[0]
         t = await wait_for_state(client, ids["terminal"], "failed")
         assert t.errors[0]["error"] == "bad input"
+        assert t.errors[0]["terminal"] is True, "awa-pg's terminal entries carry terminal: true"
     finally:
         await client.shutdown()
 

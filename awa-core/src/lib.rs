@@ -17,7 +17,9 @@
 //! - [`cron`]: periodic jobs: schedules, the leader's exactly-once evaluation, operations.
 //! - [`client`]: building, starting and stopping a worker client.
 //! - [`testing`]: `work_one`, the harness that runs one job through the real executor path.
-//! - [`seams`]: fault-injection points (feature `test-seams`); [`metrics`]: counters.
+//! - [`seams`]: fault-injection points (feature `test-seams`); [`metrics`]: counters, and
+//!   per-kind/queue job counters and timing histograms (`metrics::series`); `telemetry`
+//!   (feature `otlp`): their OpenTelemetry export over OTLP/gRPC.
 //! - [`error`]: [`AwaError`], the one error type the bindings map to exceptions.
 
 pub mod client;
@@ -32,6 +34,8 @@ pub mod model;
 pub mod seams;
 pub mod specs;
 pub mod storage;
+#[cfg(feature = "otlp")]
+pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 

@@ -131,9 +131,8 @@ pub async fn work_one_on(
     }
     .to_string();
     let error = match &transition {
-        Transition::Retryable { error, .. } | Transition::Failed { error } => {
-            Some(error.error.clone())
-        }
+        Transition::Retryable { error, .. } => error.as_ref().map(|e| e.error.clone()),
+        Transition::Failed { error } => Some(error.error.clone()),
         Transition::Cancelled { reason } => Some(reason.clone()),
         _ => None,
     };

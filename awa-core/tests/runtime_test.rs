@@ -86,12 +86,18 @@ async fn every_outcome_from_a_rust_handler() {
     let r = wait_for_state(&db, ids["retry_after"], &[JobState::Retryable], t).await;
     assert_eq!(r.attempt, 1);
     assert!(r.run_at > chrono::Utc::now() + chrono::Duration::minutes(50));
+    assert!(
+        r.errors.is_empty(),
+        "a requested retry is not an error: {:?}",
+        r.errors
+    );
     let s = wait_for_state(&db, ids["snooze"], &[JobState::Scheduled], t).await;
     assert_eq!(s.attempt, 0, "snooze does not burn an attempt");
     let c = wait_for_state(&db, ids["cancel"], &[JobState::Cancelled], t).await;
     assert!(c.errors[0].error.contains("not needed"));
     let re = wait_for_state(&db, ids["retryable"], &[JobState::Retryable], t).await;
     assert_eq!(re.errors[0].error, "flaky");
+    assert!(!re.errors[0].terminal, "a retryable error is not terminal");
     // Relative to the failure, not to now: by the time the test reads the row the backoff
     // (2 s after attempt 1) may have run out on a loaded machine.
     assert!(
@@ -102,6 +108,7 @@ async fn every_outcome_from_a_rust_handler() {
     );
     let te = wait_for_state(&db, ids["terminal"], &[JobState::Failed], t).await;
     assert_eq!(te.errors[0].error, "bad input");
+    assert!(te.errors[0].terminal, "a terminal error's entry says so");
     let p = wait_for_state(&db, ids["panic"], &[JobState::Retryable], t).await;
     assert!(
         p.errors[0].error.contains("handler exploded"),
@@ -364,12 +371,13 @@ async fn a_lost_acknowledgement_replays_as_stale() {
     let fin = Finalization {
         job: job.clone(),
         transition: Transition::Retryable {
-            error: awa_core::model::JobErrorEntry {
+            error: Some(awa_core::model::JobErrorEntry {
                 attempt: 1,
                 at: chrono::Utc::now(),
                 error: "x".into(),
                 traceback: None,
-            },
+                terminal: false,
+            }),
             run_at: chrono::Utc::now(),
         },
         follow_ups: SealedFollowUps::default(),

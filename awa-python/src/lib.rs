@@ -12,6 +12,7 @@
 //! - `worker`: the Python worker bridge (`NativeWorker`, `NativeJobContext`).
 //! - `logging`: engine `tracing` events forwarded to Python's `logging`.
 //! - `ops`: the embedded migration scripts for the `awa` command line.
+//! - `telemetry`: the OTLP metrics export (`init_telemetry`) and the per-kind/queue series.
 
 mod bridge;
 mod client;
@@ -22,6 +23,7 @@ mod errors;
 mod logging;
 mod ops;
 mod start_config;
+mod telemetry;
 mod transaction;
 mod worker;
 
@@ -58,6 +60,7 @@ fn _awa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     cron::register(m)?;
     ops::register(m)?;
+    telemetry::register(m)?;
     m.add_class::<client::NativeClient>()?;
     m.add_class::<transaction::NativeTransaction>()?;
     m.add_class::<worker::NativeWorker>()?;

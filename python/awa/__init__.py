@@ -28,7 +28,7 @@ from ._client import AsyncClient, Client, SyncTransaction, Transaction
 from ._convert import MAX_JSON_DEPTH, derive_kind
 from ._job import Job
 from ._migrations import current_migration_version, migrate, migrations, migrations_range, schema_patches
-from ._metrics import serve_metrics
+from ._metrics import init_telemetry, serve_metrics, shutdown_telemetry
 from ._outcomes import CallbackToken, Cancel, RetryAfter, Snooze, WaitForCallback
 from ._results import DlqEntry, HealthCheck, QueueHealth, QueueStat, ResolveResult, RetryFailedResult
 from ._states import DEFAULT_UNIQUE_STATES, JobState, unique_states
@@ -75,10 +75,12 @@ __all__ = [
     "__version__",
     "current_migration_version",
     "derive_kind",
+    "init_telemetry",
     "migrate",
     "migrations",
     "migrations_range",
     "schema_patches",
     "serve_metrics",
+    "shutdown_telemetry",
     "unique_states",
 ]

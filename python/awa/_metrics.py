@@ -1,11 +1,15 @@
-"""Prometheus text exposition (format 0.0.4) of Awa's gauges and counters.
+"""Prometheus text exposition (format 0.0.4) of Awa's gauges and counters, and the
+OpenTelemetry export (:func:`init_telemetry`, awa-pg's names).
 
-Two sources: the database (per-queue depth by state, lag of the oldest due available job,
-pause flag and DLQ depth: the same for every process that asks) and this process's engine
+Three sources: the database (per-queue depth by state, lag of the oldest due available job,
+pause flag and DLQ depth: the same for every process that asks), this process's engine
 counters (``awa._awa.NativeClient.metrics()``: claims, finalizations, finalize retries and
-stale finalizations, staged follow-ups inserted / skipped as duplicates / discarded). In
-``awa serve`` the engine counters stay at zero unless jobs run in that process: a worker's
-own counters are served by :func:`awa.serve_metrics` in the worker process.
+stale finalizations, staged follow-ups inserted / skipped as duplicates / discarded), and this
+process's job series per kind and queue (``awa._awa.metric_series()``: inserted, claimed,
+completed, failed, retried, cancelled, snoozed, waiting_external, rescued, dlq_moved, and the
+handler-duration and queue-wait histograms). In ``awa serve`` the process's own counters count
+only what that process did (no jobs run there): a worker's are served by
+:func:`awa.serve_metrics` in the worker process.
 """
 
 from __future__ import annotations
@@ -13,12 +17,22 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping
 
-__all__ = ["render_metrics", "render_counters", "serve_metrics", "MetricsServer"]
+from . import _awa
+
+__all__ = ["render_metrics", "render_counters", "render_series", "serve_metrics", "MetricsServer",
+           "init_telemetry", "shutdown_telemetry"]
+
+#: Histogram of the series -> (metric name, help).
+HISTOGRAMS = {
+    "duration": ("awa_job_duration_seconds", "Handler run time, from start to outcome, by kind and queue."),
+    "wait": ("awa_job_wait_seconds", "Time from a job being due (run_at, or creation if later) to its claim."),
+}
 
 #: Engine counter -> (metric name, help). The names follow Prometheus conventions
-#: (``_total`` for counters); docs/operating.md lists them with awa-pg's OTLP names.
+#: (``_total`` for counters); docs/operating.md lists them with awa-pg's OTLP names. Claims and
+#: rescues are not here: ``awa_jobs_claimed_total`` and ``awa_jobs_rescued_total`` are series
+#: by kind and queue (:func:`render_series`), whose sum is the engine's counter.
 COUNTERS = {
-    "JOBS_CLAIMED": ("awa_jobs_claimed_total", "Jobs claimed by this process's dispatchers."),
     "JOBS_CLAIMED_AHEAD": ("awa_jobs_claimed_ahead_total", "Claimed jobs that waited in a dispatcher buffer."),
     "JOBS_RELEASED": ("awa_jobs_released_total", "Claimed-ahead jobs given back unstarted."),
     "JOBS_COMPLETED_BATCHED": ("awa_jobs_completed_batched_total", "Completions applied on the batched path."),
@@ -34,7 +48,6 @@ COUNTERS = {
     "STAGED_DISCARDED": ("awa_staged_discarded_total",
                          "Staged follow-ups discarded on an outcome other than a committed completion."),
     "ATTEMPTS_POISONED": ("awa_attempts_poisoned_total", "Attempts failed terminally after a failed stage."),
-    "JOBS_RESCUED": ("awa_jobs_rescued_total", "Running jobs rescued (stale heartbeat or passed deadline)."),
     "JOBS_ABANDONED": ("awa_jobs_abandoned_total", "Handlers abandoned locally (deadline or shutdown)."),
 }
 
@@ -59,8 +72,47 @@ def render_counters(counters: Mapping[str, int]) -> list[str]:
     return lines
 
 
-def render_metrics(queues: list[dict[str, Any]], counters: Mapping[str, int]) -> str:
-    """The whole exposition: database gauges per queue, then the engine counters."""
+def _number(v: float) -> str:
+    return "+Inf" if v == float("inf") else repr(float(v))
+
+
+def render_series(data: Mapping[str, Any]) -> list[str]:
+    """Job counters (``awa_jobs_<event>_total{kind,queue}``) and the two histograms, from
+    ``awa._awa.metric_series()``. Every family is declared even before any job ran."""
+    series = list(data.get("series", []))
+    bounds = [float(b) for b in data.get("buckets", [])]
+    events = [name for name, _ in series[0]["events"]] if series else [
+        "inserted", "claimed", "completed", "failed", "retried", "cancelled", "snoozed", "waiting_external",
+        "rescued", "dlq_moved"]
+    lines: list[str] = []
+    for event in events:
+        samples = [({"kind": s["kind"], "queue": s["queue"]}, dict(s["events"]).get(event, 0)) for s in series]
+        lines += _family(f"awa_jobs_{event}_total", "counter", f"Jobs {event.replace('_', ' ')}, by kind and queue.",
+                         samples)
+    for key, (name, help_text) in HISTOGRAMS.items():
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+        for s in series:
+            hist = dict(s["timings"]).get(key)
+            if hist is None:
+                continue
+            labels = f'kind="{_label(s["kind"])}",queue="{_label(s["queue"])}"'
+            cumulative = 0
+            for le, n in zip(bounds + [float("inf")], hist["bucket_counts"], strict=True):
+                cumulative += int(n)
+                lines.append(f'{name}_bucket{{{labels},le="{_number(le)}"}} {cumulative}')
+            lines.append(f"{name}_sum{{{labels}}} {_number(hist['sum_seconds'])}")
+            lines.append(f"{name}_count{{{labels}}} {int(hist['count'])}")
+    return lines
+
+
+def _series() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(_awa.metric_series())
+    return data
+
+
+def render_metrics(queues: list[dict[str, Any]], counters: Mapping[str, int],
+                   series: Mapping[str, Any] | None = None) -> str:
+    """The whole exposition: database gauges per queue, the engine counters, the job series."""
     lines: list[str] = []
     lines += _family("awa_queue_depth", "gauge", "Jobs in a queue by state.",
                      [({"queue": q["queue"], "state": s}, n) for q in queues for s, n in q["counts"].items()])
@@ -71,6 +123,7 @@ def render_metrics(queues: list[dict[str, Any]], counters: Mapping[str, int]) ->
     lines += _family("awa_dlq_depth", "gauge", "Rows in the dead-letter queue by queue.",
                      [({"queue": q["queue"]}, q["dlq_depth"]) for q in queues])
     lines += render_counters(counters)
+    lines += render_series(_series() if series is None else series)
     return "\n".join(lines) + "\n"
 
 
@@ -115,7 +168,30 @@ class MetricsServer:
 
 
 def render_text(counters: Mapping[str, int]) -> str:
-    return "\n".join(render_counters(counters)) + "\n"
+    return "\n".join(render_counters(counters) + render_series(_series())) + "\n"
+
+
+def init_telemetry(endpoint: str, service_name: str, export_interval_ms: int = 5000) -> bool:
+    """Export this process's job metrics as OpenTelemetry metrics over OTLP/gRPC (awa-pg's
+    call and instrument names): ``awa.job.inserted``, ``awa.job.claimed``, ``awa.job.completed``,
+    ``awa.job.failed``, ``awa.job.retried``, ``awa.job.cancelled``, ``awa.job.snoozed``,
+    ``awa.job.waiting_external``, ``awa.job.dlq_moved``, ``awa.maintenance.rescues`` (counters)
+    and ``awa.job.duration``, ``awa.job.wait_duration`` (histograms, seconds), each attributed
+    ``awa.job.kind`` and ``awa.job.queue``. ``endpoint`` is the collector's gRPC URL, e.g.
+    ``"http://localhost:4317"``. Returns True once set up; a collector that is not up yet is
+    retried every interval. A bad endpoint, empty service name or interval outside 1 ms to
+    a day raises ``ValidationError``. Calling it again replaces the export."""
+    if not isinstance(endpoint, str) or not isinstance(service_name, str):
+        raise TypeError("init_telemetry() takes endpoint and service_name as str")
+    if isinstance(export_interval_ms, bool) or not isinstance(export_interval_ms, int):
+        raise TypeError(f"export_interval_ms must be an int, not {type(export_interval_ms).__name__}")
+    return bool(_awa.init_telemetry(endpoint, service_name, export_interval_ms))
+
+
+def shutdown_telemetry() -> None:
+    """Export what is pending, then stop the export started by :func:`init_telemetry` (a
+    no-op when none runs)."""
+    _awa.shutdown_telemetry()
 
 
 def serve_metrics(client: Any, port: int = 9464, host: str = "127.0.0.1") -> MetricsServer:

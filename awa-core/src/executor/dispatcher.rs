@@ -464,6 +464,7 @@ impl Dispatcher {
         tracing::debug!(queue = %self.queue, claimed = n, ahead, slot_time = ?self.pace.slot.get(),
             claim_time = ?self.pace.claim.get(), "claimed jobs");
         for job in jobs {
+            record_claim(&job);
             let claimed = Claimed::register(&self.shared.inflight, job, sent);
             self.buffer.push_back(claimed);
         }
@@ -595,5 +596,25 @@ impl Dispatcher {
                 }
             }
         });
+    }
+}
+
+/// Count a claim and how long the job waited, due, for it: from `run_at` (or its creation, if
+/// later) to the claim, both read from the database's clock.
+fn record_claim(job: &crate::model::JobRow) {
+    use crate::metrics::series::{observe, record, JobEvent, Timing};
+    record(&job.kind, &job.queue, JobEvent::Claimed, 1);
+    if let Some(claimed) = job.attempted_at {
+        let due = job.run_at.max(job.created_at);
+        if let Ok(waited) = (claimed - due).to_std() {
+            observe(&job.kind, &job.queue, Timing::Wait, waited);
+        } else {
+            observe(
+                &job.kind,
+                &job.queue,
+                Timing::Wait,
+                std::time::Duration::ZERO,
+            );
+        }
     }
 }

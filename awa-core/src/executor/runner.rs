@@ -88,6 +88,7 @@ pub(crate) async fn run_job(shared: Arc<Shared>, qc: QueueConfig, claimed: Claim
     // The local deadline counts from the claim, like `deadline_at`: time spent waiting for a
     // slot is not added to the attempt's time.
     let deadline = claimed_at.checked_add(qc.deadline);
+    let started = std::time::Instant::now();
     let returned = if shared.abandon.is_cancelled() {
         sealed_now(
             &ctx,
@@ -152,6 +153,12 @@ pub(crate) async fn run_job(shared: Arc<Shared>, qc: QueueConfig, claimed: Claim
         sealed.poison = sealed.poison.or(unsealed.poison);
     }
     crate::seams::after_return(&ctx.follow_ups).await;
+    metrics::series::observe(
+        &ctx.job.kind,
+        &ctx.job.queue,
+        metrics::series::Timing::Duration,
+        started.elapsed(),
+    );
     shared.inflight.handler_done();
     drop(slot);
     let progress_now = progress
@@ -204,6 +211,15 @@ fn error_entry(job: &JobRow, error: String, traceback: Option<String>) -> JobErr
         at: Utc::now(),
         error,
         traceback,
+        terminal: false,
+    }
+}
+
+/// The entry of an attempt the handler failed for good (`TerminalError`, a failed stage).
+fn terminal_entry(job: &JobRow, error: String, traceback: Option<String>) -> JobErrorEntry {
+    JobErrorEntry {
+        terminal: true,
+        ..error_entry(job, error, traceback)
     }
 }
 
@@ -231,7 +247,7 @@ pub(crate) fn transition_for(
             }
         } else {
             Transition::Retryable {
-                error: error_entry(job, error, traceback),
+                error: Some(error_entry(job, error, traceback)),
                 run_at: after(delay),
             }
         }
@@ -243,13 +259,18 @@ pub(crate) fn transition_for(
                 metrics::add(&metrics::ATTEMPTS_POISONED, 1);
                 tracing::warn!(job_id = job.id, kind = %job.kind, "attempt poisoned by a failed stage; failing it");
                 Transition::Failed {
-                    error: error_entry(job, format!("staging failed: {e}"), None),
+                    error: terminal_entry(job, format!("staging failed: {e}"), None),
                 }
             }
             None => Transition::Completed,
         },
         Outcome::Returned(JobResult::RetryAfter(d)) => {
             match check_outcome_delay("RetryAfter delay", d) {
+                // A requested retry is not an error: no entry unless it exhausts the job.
+                Ok(d) if !exhausted => Transition::Retryable {
+                    error: None,
+                    run_at: after(d),
+                },
                 Ok(d) => retry_or_fail("retry requested by the handler".into(), None, d),
                 Err(e) => retry_or_fail(
                     format!("invalid outcome: {e}"),
@@ -281,7 +302,7 @@ pub(crate) fn transition_for(
             error: JobError::Terminal(e),
             traceback,
         } => Transition::Failed {
-            error: error_entry(job, e, traceback),
+            error: terminal_entry(job, e, traceback),
         },
         Outcome::Failed {
             error: JobError::Retryable(e),

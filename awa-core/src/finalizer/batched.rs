@@ -263,12 +263,12 @@ async fn try_members(
     for m in &live {
         let job = &m.fin.job;
         for (spec, result) in m.specs.iter().zip(results.by_ref()) {
-            record_insert(job.id, &spec.kind, result);
+            record_insert(job.id, spec, result);
         }
         for (staged, result) in m.fin.follow_ups.follow_ups.iter().zip(results.by_ref()) {
             tracing::debug_span!(parent: &staged.span, "awa.enqueue_follow_up",
                 trigger_job_id = job.id, kind = %staged.job.kind)
-            .in_scope(|| record_insert(job.id, &staged.job.kind, result));
+            .in_scope(|| record_insert(job.id, &staged.job, result));
         }
     }
     let mut woken = Vec::new();
@@ -281,6 +281,16 @@ async fn try_members(
 fn settle_members(members: &[Member<'_>], done: &[(i64, i64)], first_try: bool) {
     metrics::add(&metrics::JOBS_COMPLETED_BATCHED, done.len() as u64);
     let matched: HashSet<&(i64, i64)> = done.iter().collect();
+    for m in members {
+        if matched.contains(&(m.fin.job.id, m.fin.job.run_lease)) {
+            metrics::series::record(
+                &m.fin.job.kind,
+                &m.fin.job.queue,
+                metrics::series::JobEvent::Completed,
+                1,
+            );
+        }
+    }
     let stale: Vec<&Member> = members
         .iter()
         .filter(|m| !matched.contains(&(m.fin.job.id, m.fin.job.run_lease)))

@@ -224,6 +224,20 @@ impl Completer {
                 batched::complete_batch_with(&self.pool, &ids, &leases, &self.settings.retry),
             )
             .await;
+            if let Ok(Ok(done)) = &tried {
+                // Each completed id once (a batch may hold two attempts of one job).
+                let mut done: std::collections::HashSet<i64> = done.iter().copied().collect();
+                for m in &members {
+                    if done.remove(&m.fin.job.id) {
+                        metrics::series::record(
+                            &m.fin.job.kind,
+                            &m.fin.job.queue,
+                            metrics::series::JobEvent::Completed,
+                            1,
+                        );
+                    }
+                }
+            }
             // A failure is logged and counted inside; its jobs stay running until rescue.
             if tried.is_err() {
                 metrics::add(&metrics::FINALIZE_GAVE_UP, ids.len() as u64);

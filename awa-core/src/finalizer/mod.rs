@@ -43,9 +43,11 @@ pub const MAX_FINALIZE_ATTEMPTS: u32 = 3;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Transition {
     Completed,
-    /// Retry at `run_at` (burns the attempt that just ran).
+    /// Retry at `run_at` (burns the attempt that just ran). `error` is `None` when the
+    /// handler asked for the retry (`RetryAfter`): nothing failed, so, as in awa-pg, no
+    /// entry is appended to `errors`.
     Retryable {
-        error: JobErrorEntry,
+        error: Option<JobErrorEntry>,
         run_at: DateTime<Utc>,
     },
     /// Run again at `run_at` without burning an attempt.

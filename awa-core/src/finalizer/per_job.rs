@@ -84,6 +84,7 @@ pub(crate) async fn finalize_once(
     }
     seams::check(Point::AfterCommit, fin.job.id)?;
     metrics::add(&metrics::JOBS_FINALIZED_PER_JOB, 1);
+    record_applied(fin);
     super::batched::wake(pool, waker, woken).await;
     Ok(Finalized::Applied)
 }
@@ -127,7 +128,7 @@ async fn finalize_in_tx_with(
     for follow_up in &spec_follow_ups {
         record_insert(
             job.id,
-            &follow_up.kind,
+            follow_up,
             insert_follow_up_in_tx(conn, follow_up, defer).await?,
         );
     }
@@ -187,12 +188,12 @@ async fn complete_with_follow_ups(
     }
     let (spec_ids, staged_ids) = ids.split_at(spec_follow_ups.len());
     for (follow_up, id) in spec_follow_ups.iter().zip(spec_ids) {
-        record_insert(job.id, &follow_up.kind, (*id).into());
+        record_insert(job.id, follow_up, (*id).into());
     }
     for (staged, id) in staged.iter().zip(staged_ids) {
         tracing::debug_span!(parent: &staged.span, "awa.enqueue_follow_up",
             trigger_job_id = job.id, kind = %staged.job.kind)
-        .in_scope(|| record_insert(job.id, &staged.job.kind, (*id).into()));
+        .in_scope(|| record_insert(job.id, &staged.job, (*id).into()));
     }
     if let Some(woken) = defer_wake {
         push_due_queues(woken, all);
@@ -220,10 +221,12 @@ fn spec_event(t: &Transition) -> Option<SpecEvent> {
     }
 }
 
-pub(super) fn record_insert(trigger: i64, kind: &str, result: FollowUpInsert) {
+pub(super) fn record_insert(trigger: i64, job: &NewJob, result: FollowUpInsert) {
+    let kind = job.kind.as_str();
     match result {
         FollowUpInsert::Inserted(id) => {
             metrics::add(&metrics::FOLLOW_UPS_INSERTED, 1);
+            metrics::series::record(kind, &job.queue, metrics::series::JobEvent::Inserted, 1);
             tracing::debug!(
                 trigger_job_id = trigger,
                 kind,
@@ -249,7 +252,7 @@ fn set_clause(t: &Transition) -> &'static str {
     match t {
         Transition::Completed => "state = 'completed', finalized_at = now(), progress = NULL",
         Transition::Retryable { .. } => {
-            "state = 'retryable', run_at = $4, errors = errors || $6, deadline_at = NULL, \
+            "state = 'retryable', run_at = $4, errors = errors || coalesce($6, '[]'::jsonb), deadline_at = NULL, \
              progress = coalesce($3, progress)"
         }
         Transition::Snoozed { .. } => {
@@ -277,9 +280,11 @@ async fn run_guarded_update(conn: &mut PgConnection, fin: &Finalization) -> Resu
         return park_waiting(conn, job, callback_id, progress).await;
     }
     let (run_at, text, errors) = match &fin.transition {
-        Transition::Retryable { error, run_at } => {
-            (Some(*run_at), None, Some(serde_json::json!([error])))
-        }
+        Transition::Retryable { error, run_at } => (
+            Some(*run_at),
+            None,
+            error.as_ref().map(|e| serde_json::json!([e])),
+        ),
         Transition::Snoozed { run_at } => (Some(*run_at), None, None),
         Transition::Cancelled { reason } => (None, Some(reason.as_str()), None),
         Transition::Failed { error } => (None, None, Some(serde_json::json!([error]))),
@@ -337,4 +342,22 @@ async fn park_waiting(
         wake_queues(&mut *conn, std::slice::from_ref(&job.queue)).await?;
     }
     Ok(parked.is_some())
+}
+
+/// Count a committed finalization as its job event (and a DLQ move where it went there).
+pub(super) fn record_applied(fin: &Finalization) {
+    use metrics::series::{record, JobEvent};
+    let (kind, queue) = (fin.job.kind.as_str(), fin.job.queue.as_str());
+    let event = match &fin.transition {
+        Transition::Completed => JobEvent::Completed,
+        Transition::Retryable { .. } => JobEvent::Retried,
+        Transition::Snoozed { .. } => JobEvent::Snoozed,
+        Transition::Cancelled { .. } => JobEvent::Cancelled,
+        Transition::Failed { .. } => JobEvent::Failed,
+        Transition::WaitingExternal { .. } => JobEvent::WaitingExternal,
+    };
+    record(kind, queue, event, 1);
+    if fin.dlq && matches!(fin.transition, Transition::Failed { .. }) {
+        record(kind, queue, JobEvent::DlqMoved, 1);
+    }
 }

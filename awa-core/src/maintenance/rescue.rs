@@ -48,7 +48,7 @@ pub async fn rescue_stale_with_specs(
         ),
     };
     let mut tx = pool.begin().await?;
-    let rescued: Vec<(i64, String)> = sqlx::query_as(&format!(
+    let rescued: Vec<(i64, String, String, String)> = sqlx::query_as(&format!(
         "WITH stuck AS (
              SELECT id FROM awa.jobs WHERE {condition} AND $1 >= 0
              ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED)
@@ -61,7 +61,7 @@ pub async fn rescue_stale_with_specs(
              callback_id = NULL, callback_timeout_at = NULL, callback_result = NULL,
              errors = j.errors || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'error', $2::text))
          FROM stuck WHERE j.id = stuck.id
-         RETURNING j.id, j.state"
+         RETURNING j.id, j.state, j.kind, j.queue"
     ))
     .bind(staleness.as_secs_f64())
     .bind(reason)
@@ -69,14 +69,14 @@ pub async fn rescue_stale_with_specs(
     .await?;
     let failed: Vec<i64> = rescued
         .iter()
-        .filter(|(_, s)| s == "failed")
-        .map(|(id, _)| *id)
+        .filter(|(_, s, ..)| s == "failed")
+        .map(|(id, ..)| *id)
         .collect();
     // A job whose cancel was requested while it ran is cancelled, not run again.
     let cancelled: Vec<i64> = rescued
         .iter()
-        .filter(|(_, s)| s == "cancelled")
-        .map(|(id, _)| *id)
+        .filter(|(_, s, ..)| s == "cancelled")
+        .map(|(id, ..)| *id)
         .collect();
     for (ids, event) in [
         (&failed, SpecEvent::Exhausted),
@@ -102,7 +102,11 @@ pub async fn rescue_stale_with_specs(
         move_failed_where_enabled(&mut tx, &failed, reason).await?;
     }
     tx.commit().await?;
-    let ids: Vec<i64> = rescued.into_iter().map(|(id, _)| id).collect();
+    crate::metrics::series::record_each(
+        rescued.iter().map(|(_, _, k, q)| (k.as_str(), q.as_str())),
+        crate::metrics::series::JobEvent::Rescued,
+    );
+    let ids: Vec<i64> = rescued.into_iter().map(|(id, ..)| id).collect();
     if !ids.is_empty() {
         metrics::add(&metrics::JOBS_RESCUED, ids.len() as u64);
         tracing::warn!(count = ids.len(), ?kind, "rescued stuck jobs");

@@ -64,6 +64,11 @@ pub struct JobError {
     pub error: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceback: Option<String>,
+    /// Set on the entry of an attempt that failed for good by the handler's own verdict
+    /// (`TerminalError`, a failed stage), as awa-pg's entries carry it; `dump_run` reads it.
+    /// Absent (not `false`) otherwise, so stored entries keep awa-pg's shape.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub terminal: bool,
 }
 
 /// A job as stored.

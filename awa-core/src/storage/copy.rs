@@ -102,7 +102,13 @@ async fn copy_jobs(conn: &mut PgConnection, jobs: &[NewJob], ids: Option<&[i64]>
     let statement = copy_statement(ids.is_some(), now.is_some());
     let result = stream_rows(conn, &statement, jobs, ids, now).await;
     match result {
-        Ok(n) => Ok(n),
+        Ok(n) => {
+            crate::metrics::series::record_each(
+                jobs.iter().map(|j| (j.kind.as_str(), j.queue.as_str())),
+                crate::metrics::series::JobEvent::Inserted,
+            );
+            Ok(n)
+        }
         Err(CopyError::Db(e)) if is_unique_conflict(&e) => Err(AwaError::UniqueConflict {
             kind: if jobs.len() == 1 {
                 jobs[0].kind.clone()

@@ -88,10 +88,12 @@ where
         .fetch_all(executor)
         .await;
     match result {
-        Ok(rows) => rows
-            .iter()
-            .map(|r| JobRow::from_row(r).map_err(AwaError::from))
-            .collect(),
+        Ok(rows) => {
+            record_inserted(jobs);
+            rows.iter()
+                .map(|r| JobRow::from_row(r).map_err(AwaError::from))
+                .collect()
+        }
         Err(e) if is_unique_conflict(&e) => {
             let kind = if n == 1 {
                 jobs[0].kind.clone()
@@ -275,12 +277,24 @@ where
     let sql = format!("{SINGLE_INSERT} {JOB_COLUMNS}");
     let result = bind_job(sqlx::query(&sql), job).fetch_one(executor).await;
     match result {
-        Ok(row) => Ok(JobRow::from_row(&row)?),
+        Ok(row) => {
+            record_inserted(std::slice::from_ref(job));
+            Ok(JobRow::from_row(&row)?)
+        }
         Err(e) if is_unique_conflict(&e) => Err(AwaError::UniqueConflict {
             kind: job.kind.clone(),
         }),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Count inserted jobs by kind and queue (when the statement returned: inside an open
+/// transaction that later rolls back they are still counted, as statements executed).
+fn record_inserted(jobs: &[NewJob]) {
+    crate::metrics::series::record_each(
+        jobs.iter().map(|j| (j.kind.as_str(), j.queue.as_str())),
+        crate::metrics::series::JobEvent::Inserted,
+    );
 }
 
 /// Bind one job's eleven columns, in the insert's column order ($1–$11 of [`SINGLE_INSERT`]

@@ -1,4 +1,5 @@
-//! Process-wide counters. Cheap atomics, readable with [`snapshot`] (and from Python).
+//! Process-wide counters. Cheap atomics, readable with [`snapshot`] (and from Python); the
+//! per-kind/queue job counters and timing histograms are in [`series`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -33,3 +34,5 @@ counters! {
 pub(crate) fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
+
+pub mod series;
