@@ -100,6 +100,10 @@ DELIBERATE_UNPROBED: list[tuple[str, str]] = [
     ("`resume_external` on a job parked by returning `WaitForCallback` makes it `available`",
      "no handler is waiting for it, so it runs again (same attempt count) and finds the payload in "
      "`metadata[\"_awa_callback_result\"]`; awa-pg sets it `running` (ADR-021) with no handler left to continue it"),
+    ("`PartitionedQueue.queue_for_key` may pick another partition than awa-pg's",
+     "awa-pg routes keys with a native hash its package does not document (none of BLAKE3, BLAKE2b, "
+     "SHA-256, xxHash, FNV-1a, MurmurHash3, SipHash matched); ours is BLAKE2b-64 modulo the partition count, "
+     "pinned by a test. Names, queue configs and errors match"),
     ("`HandlerJob.register_callback` / `wait_for_callback` raise `AwaError`",
      "a database-free stand-in has no callback to register; awa-pg's HandlerJob has no such methods"),
 ]

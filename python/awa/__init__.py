@@ -29,6 +29,7 @@ from ._convert import MAX_JSON_DEPTH, derive_kind
 from ._job import Job
 from ._migrations import current_migration_version, migrate, migrations, migrations_range, schema_patches
 from ._metrics import init_telemetry, serve_metrics, shutdown_telemetry
+from ._partitioned import PartitionedQueue
 from ._outcomes import CallbackToken, Cancel, RetryAfter, Snooze, WaitForCallback
 from ._results import DlqEntry, HealthCheck, QueueHealth, QueueStat, ResolveResult, RetryFailedResult
 from ._states import DEFAULT_UNIQUE_STATES, JobState, unique_states
@@ -56,6 +57,7 @@ __all__ = [
     "JobNotFound",
     "JobState",
     "MAX_JSON_DEPTH",
+    "PartitionedQueue",
     "QueueHealth",
     "QueueStat",
     "ResolveResult",
