@@ -23,6 +23,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shlex
 import statistics
 import subprocess
@@ -143,6 +144,48 @@ def drop_db(admin_url: str, name: str) -> None:
 
 # Read the database's counters around the run phase (the floor counts its own statements).
 MEASURE_DB = {"drain", "staging"}
+# Workloads whose CPU time is split between the client and the server (per job): where each
+# system spends its time, the measured cause of a rate.
+MEASURE_CPU = {"enqueue_single", "drain", "staging"}
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def server_cpu_s() -> float | None:
+    """CPU seconds PostgreSQL has used so far, read from /proc: every live ``postgres`` process's
+    own time plus the reaped children's time of the postmaster (so backends that exited during
+    a run, such as the client's connections, are still counted). None where /proc cannot show
+    it (another OS, a server on another machine). The whole server is counted: background
+    writers and autovacuum included, and any other database's work, so measure on a quiet
+    machine."""
+    total = 0
+    found = False
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return None
+    stats: dict[str, list[str]] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        comm = raw[raw.find("(") + 1:raw.rfind(")")]
+        if comm.startswith("postgres"):
+            stats[pid] = raw[raw.rfind(")") + 2:].split()
+    for fields in stats.values():
+        # fields[0] is field 3 (state): utime, stime, cutime, cstime are fields 14-17.
+        total += int(fields[11]) + int(fields[12])
+        if fields[1] not in stats:  # the postmaster: its parent is not a postgres process
+            total += int(fields[13]) + int(fields[14])
+            found = True
+    return total / CLK_TCK if found else None
+
+
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's waited-for children so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def size_for(spec: dict[str, Any], workload: str, args: argparse.Namespace) -> int:
@@ -242,10 +285,21 @@ def run_one(spec: dict[str, Any], system: str, workload: str, admin_url: str, db
     measure = workload in MEASURE_DB
     if measure:
         c0, lsn0, _ = read_stats(admin_url, dbname)
+    cpu = workload in MEASURE_CPU
+    if cpu:
+        client0, server0 = children_cpu_s(), server_cpu_s()
     out = call(spec, system, workload, "run", url, args, log_path)
     if not out.get("ok"):
         return out
     result = out["result"]
+    if cpu:
+        # The client is the whole "run" subprocess (start-up and connecting included); the
+        # server, all of PostgreSQL over the same span.
+        client_s, server1 = children_cpu_s() - client0, server_cpu_s()
+        per = max(size_for(spec, workload, args), 1)
+        result["cpu"] = {"client_s": client_s, "client_us_per_job": client_s / per * 1e6}
+        if server0 is not None and server1 is not None:
+            result["cpu"].update(server_s=server1 - server0, server_us_per_job=(server1 - server0) / per * 1e6)
     if measure:
         c1, _, left = read_stats(admin_url, dbname)
         wal = float(psql(admin_url, f"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{lsn0}'::pg_lsn)"))
@@ -290,6 +344,12 @@ METRICS: list[tuple[str, str, str, str]] = [
     ("drain", "db.dead_tuples", "dead tuples left after the drain", "tuples"),
     ("staging", "db.commits_per_job", "commits per job (staging drain)", "commits"),
     ("staging", "db.wal_bytes_per_job", "WAL bytes per job (staging drain)", "bytes"),
+    ("enqueue_single", "cpu.client_us_per_job", "client CPU per single insert (whole client process)", "µs"),
+    ("enqueue_single", "cpu.server_us_per_job", "PostgreSQL CPU per single insert", "µs"),
+    ("drain", "cpu.client_us_per_job", "client CPU per job (drain; whole client process)", "µs"),
+    ("drain", "cpu.server_us_per_job", "PostgreSQL CPU per job (drain)", "µs"),
+    ("staging", "cpu.client_us_per_job", "client CPU per job (staging drain)", "µs"),
+    ("staging", "cpu.server_us_per_job", "PostgreSQL CPU per job (staging drain)", "µs"),
     ("floor", "jobs_per_s", "floor: our claim + complete statements alone, best point of the sweep", "jobs/s"),
     ("floor", "best.commits_per_job", "floor: commits per job at its best point", "commits"),
 ]
@@ -408,11 +468,25 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
             return "", None
         return f"follow-ups inserted exactly once: {'yes' if once[system] else 'NO'}", bool(once[system])
 
+    def cpu(workload: str, *systems: str) -> str:
+        """Where the time goes, measured: client and server CPU per job of each system."""
+        parts = []
+        for system in systems:
+            c, srv = m(f"{workload}.cpu.client_us_per_job", system), m(f"{workload}.cpu.server_us_per_job", system)
+            if c is not None:
+                parts.append(f"{system}: client {c:,.0f} µs" + (f", server {srv:,.0f} µs" if srv is not None else ""))
+        return ("CPU per job: " + "; ".join(parts)) if parts else ""
+
+    d_pg = m("drain.jobs_per_s", "awa-pg")
+    ceiling = (f"8× awa-pg is {8 * d_pg:,.0f} jobs/s, the floor (our SQL alone, no runtime) {floor:,.0f}"
+               if d_pg and floor else "")
     # issue 17, item 3 and its targets
-    add(17, "Python no-op drain vs awa-pg 0.6.9", ratio(d_awa, m("drain.jobs_per_s", "awa-pg")), 8.0, "{:.2f}×")
-    add(17, "Python no-op drain vs our Rust runtime", ratio(d_awa, d_rust), 0.70, "{:.0%}")
+    add(17, "Python no-op drain vs awa-pg 0.6.9", ratio(d_awa, d_pg), 8.0, "{:.2f}×", detail=ceiling)
+    add(17, "Python no-op drain vs our Rust runtime", ratio(d_awa, d_rust), 0.70, "{:.0%}",
+        detail=cpu("drain", "awa", "awa-rust"))
     add(17, "single inserts (one commit each) vs pgqueuer",
-        ratio(m("enqueue_single.jobs_per_s", "awa"), m("enqueue_single.jobs_per_s", "pgqueuer")), 1.0, "{:.2f}×")
+        ratio(m("enqueue_single.jobs_per_s", "awa"), m("enqueue_single.jobs_per_s", "pgqueuer")), 1.0, "{:.2f}×",
+        detail=cpu("enqueue_single", "awa", "pgqueuer"))
     add(17, "idle pickup p50 (Python)", m("latency.p50_ms", "awa"), 2.0, "{:.1f} ms", le=True)
     add(17, "idle pickup p99 (Python)", m("latency.p99_ms", "awa"), 10.0, "{:.1f} ms", le=True)
     add(17, "commits per plain completed job (Python drain)", m("drain.db.commits_per_job", "awa"), 0.03, "{:.3f}", le=True)
@@ -450,7 +524,7 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def fmt_num(v: float, unit: str) -> str:
-    if unit in ("jobs/s", "bytes", "tuples"):
+    if unit in ("jobs/s", "bytes", "tuples", "µs"):
         return f"{v:,.0f}"
     if unit == "ms":
         return f"{v:.1f}"

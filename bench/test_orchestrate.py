@@ -159,3 +159,24 @@ def test_a_capped_system_runs_and_is_judged_on_its_cap() -> None:
     args = type("A", (), {"sizes": dict(orchestrate.FULL_SIZES)})()
     assert orchestrate.size_for(registry["procrastinate"], "drain", args) == 2000
     assert orchestrate.size_for(registry["awa"], "drain", args) == orchestrate.FULL_SIZES["drain"]
+
+
+def test_cpu_per_job_is_named_as_the_cause_in_the_verdicts() -> None:
+    s = summary_with({"awa": 6000.0, "awa-pg": 1000.0, "awa-rust": 10000.0}, 12000.0)
+    for system, client, server in (("awa", 180.0, 90.0), ("awa-rust", 60.0, 85.0)):
+        s.setdefault("drain.cpu.client_us_per_job", {})[system] = {"min": client, "median": client, "max": client, "n": 1}
+        s.setdefault("drain.cpu.server_us_per_job", {})[system] = {"min": server, "median": server, "max": server, "n": 1}
+    targets = orchestrate.targets(s)
+    (rust,) = [t for t in targets if t["target"].startswith("Python no-op drain vs our Rust runtime")]
+    assert rust["status"] == "MISSED"
+    assert rust["detail"] == "CPU per job: awa: client 180 µs, server 90 µs; awa-rust: client 60 µs, server 85 µs"
+    (pg,) = [t for t in targets if t["target"].startswith("Python no-op drain vs awa-pg")]
+    assert pg["detail"] == "8× awa-pg is 8,000 jobs/s, the floor (our SQL alone, no runtime) 12,000"
+
+
+def test_cpu_is_read_from_the_os() -> None:
+    before = orchestrate.children_cpu_s()
+    subprocess.run([sys.executable, "-c", "sum(i * i for i in range(2_000_000))"], check=True)
+    assert orchestrate.children_cpu_s() - before > 0.01
+    server = orchestrate.server_cpu_s()  # None where /proc shows no local PostgreSQL
+    assert server is None or server >= 0.0
