@@ -121,6 +121,22 @@ _DLQ_CANONICAL = ("awa-pg's DLQ calls need queue storage on its default engine; 
 _DLQ_AUTO = ("the probe's qs mode gives ours a queue started with dlq=True, whose failed jobs move to the DLQ "
              "by themselves: they are already there, so a manual move finds no failed job (None / 0)")
 DELIBERATE_PROBES: list[tuple[str, str]] = [
+    # Session 10: the rest of the probe diff, decided.
+    ("worker.start_errors.start_unknown_queue_key.*", "issue 13 item 4: an unknown queue key is a ConfigError "
+     "naming it and the known keys, never silently ignored (awa-pg ignores it; docs/workers.md)"),
+    ("worker.start_errors.start_zero_workers.*", "a queue with max_workers=0 would never run: refused with a "
+     "ConfigError (awa-pg accepts it; docs/workers.md)"),
+    ("client.construct_unreachable.*", "issue 13 item 10: ours fails fast (a bounded connect timeout) with a "
+     "DatabaseError naming host, port and cause; awa-pg waits for its pool's timeout and names neither"),
+    ("worker.outcome_raise_*.error_keys", "an errors[] entry also carries the handler's traceback (an addition)"),
+    ("qs.dlq.*.errors.list", "an errors[] entry also carries the handler's traceback (an addition)"),
+    ("transaction.async_with_no_await.*", "`async with client.transaction()` also works without `await` "
+     "(an addition); awa-pg raises TypeError"),
+    ("transaction.*.message", OUR_MESSAGE),
+    ("admin.periodic_register.bad_cron.message", OUR_MESSAGE),
+    ("unique.key_bytes.by_period_no_args", "awa-pg 0.6.9 hashes the period length, not the job's time bucket, "
+     "so its by_period keys never roll over (docs/unique-keys.md); ours hash floor(run_at / period), the "
+     "documented layout: keys agree for every job without by_period"),
     # Item 2: bad input (GAPS.md, the bad-input table).
     ("insert.bad_priority_*", _VALIDATED),
     ("insert.bad_max_attempts_*", _VALIDATED),
@@ -172,6 +188,22 @@ def _only_value_error_added(a: Any, b: Any) -> bool:
     """Our class chain is awa-pg's with ValueError added (ValidationError is also a ValueError)."""
     return (isinstance(a, list) and isinstance(b, list) and "ValueError" in b and "ValueError" not in a
             and [x for x in b if x != "ValueError"] == a)
+
+
+SUBCLASS = ("ours raises a subclass of awa-pg's class (e.g. ConfigError is a ValidationError): every "
+            "`except` written for awa-pg still catches it")
+
+
+def _subclass(key: str, a: Any, b: Any, ours: dict[str, Any]) -> str | None:
+    """Ours raised a subclass of what awa-pg raised: the `raises` leaf names a class in our
+    chain, or the `mro` leaf contains all of awa-pg's chain."""
+    if key.endswith("raises") and isinstance(a, str):
+        our_mro = ours.get(key[: -len("raises")] + "mro")
+        if isinstance(our_mro, list) and a in our_mro:
+            return SUBCLASS
+    if key.endswith("mro") and isinstance(a, list) and isinstance(b, list) and a and set(a) <= set(b):
+        return SUBCLASS
+    return None
 
 
 def load(path: str) -> dict[str, Any]:
@@ -331,6 +363,10 @@ def compare_entry(path: str, ref: dict[str, Any], ours: dict[str, Any] | None, n
             return Row(path, "incompatible", f"awa-pg: {rk}, ours: {ok}")
         if rk == "exception":
             ref_mro, our_mro = ref.get("mro", []), ours.get("mro", [])
+            if ref_mro != our_mro and _only_value_error_added(ref_mro, our_mro):
+                # Every `except` that catches awa-pg's class catches ours: compatible.
+                return Row(path, "compatible", "also a ValueError in ours (an addition: `except ValueError` "
+                           "catches bad input)")
             if ref_mro != our_mro:
                 return Row(path, "incompatible", f"hierarchy: awa-pg {' > '.join(ref_mro)}; ours {' > '.join(our_mro)}")
         if rk == "typeddict" and ref.get("keys") != ours.get("keys"):
@@ -434,7 +470,7 @@ def compare_probes(ref: dict[str, Any], ours: dict[str, Any]) -> tuple[list[tupl
             if va == vb:
                 continue
             what = "message" if key.endswith("message") else "type/value"
-            diffs.append((key, va, vb, what, deliberate(va, vb, name, key) or ""))
+            diffs.append((key, va, vb, what, deliberate(va, vb, name, key) or _subclass(key, va, vb, b) or ""))
         if diffs:
             out.append((name, diffs))
         else:
