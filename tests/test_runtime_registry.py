@@ -43,6 +43,31 @@ async def test_a_running_worker_is_listed_until_it_shuts_down(client: awa.AsyncC
     assert _mine(await client.list_runtime_instances(), instance_id) is None
 
 
+async def test_the_row_is_there_when_start_returns(client: awa.AsyncClient, database_url: str) -> None:
+    """As with awa-pg: a deploy script that looks right after start() sees this client. The
+    worker is a new client (its pool cold, so its first registry write takes a while); the
+    look is another client's plain SELECT, as an operator's would be."""
+    worker = awa.AsyncClient(database_url)
+    warm = await client.transaction()  # the reader's connection is open before the worker starts
+    await warm.rollback()
+
+    @worker.task(Tick, queue="reg_now")
+    async def handle(job: awa.Job) -> None:
+        return None
+
+    await worker.start([("reg_now", 1)], **FAST)
+    try:
+        tx = await client.transaction()
+        try:
+            row = await tx.fetch_one("SELECT count(*) AS n FROM awa.runtime_instances WHERE pid = $1", os.getpid())
+        finally:
+            await tx.rollback()
+        assert row["n"] == 1
+    finally:
+        await worker.shutdown()
+        await worker.close()
+
+
 async def _instance_id(client: awa.AsyncClient) -> str | None:
     value = (await client.health_check()).instance_id
     return None if value is None else str(value)

@@ -19,6 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
 
+/// Longest `start()` waits for its first runtime-registry write.
+const REGISTRY_FIRST_WRITE_WAIT: Duration = Duration::from_secs(2);
+
 /// The ADR-029 builder pairs: `on_<event>_enqueue(|args| request)` and
 /// `on_<event>_enqueue_with(|args, job| Option<request>)` (`None` skips).
 macro_rules! spec_builders {
@@ -238,6 +241,13 @@ impl Client {
             self.inner.state.clone(),
             self.inner.url.clone(),
         )?);
+        if let Some(r) = running.as_ref() {
+            // The registry row is there when start() returns (awa-pg's is too, and operators
+            // look right after a deploy), unless its first write failed or is slow: the
+            // registry is observability, never a reason to fail or stall start().
+            let wait = r.shared.instance.first_write.notified();
+            let _ = tokio::time::timeout(REGISTRY_FIRST_WRITE_WAIT, wait).await;
+        }
         tracing::info!(queues = self.inner.queues.len(), "worker started");
         Ok(())
     }

@@ -25,6 +25,9 @@ pub(crate) struct Instance {
     /// Notified by maintenance when leadership changes, so the row says so without waiting
     /// for the next heartbeat.
     pub leader_changed: Arc<Notify>,
+    /// Notified once the first write of the row ended (inserted or failed), so `start()` can
+    /// return with the row in place, as awa-pg's does.
+    pub first_write: Notify,
 }
 
 /// The host's name, where the platform tells it without a system call: Linux's procfs, else
@@ -80,6 +83,7 @@ pub(crate) async fn run(
     stop: CancelSignal,
 ) {
     let started_at = Utc::now();
+    let mut announced = false;
     loop {
         let leader = is_leader.load(Ordering::SeqCst);
         let written = match instance.id.get() {
@@ -92,6 +96,11 @@ pub(crate) async fn run(
         };
         if let Err(e) = written {
             tracing::warn!(error = %e, "runtime registry update failed");
+        }
+        if !announced {
+            announced = true;
+            // Stores a permit when start() is not waiting yet: the wake-up is never lost.
+            instance.first_write.notify_one();
         }
         tokio::select! {
             _ = stop.cancelled() => break,
