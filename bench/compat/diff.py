@@ -126,6 +126,10 @@ DELIBERATE_PROBES: list[tuple[str, str]] = [
      "naming it and the known keys, never silently ignored (awa-pg ignores it; docs/workers.md)"),
     ("worker.start_errors.start_zero_workers.*", "a queue with max_workers=0 would never run: refused with a "
      "ConfigError (awa-pg accepts it; docs/workers.md)"),
+    ("worker.runtime_instances.columns", "ours has the columns issue 13 item 7 names (instance_id, hostname, pid, "
+     "version, queues, leader, started_at, last_seen_at, snapshot_interval_ms), under awa-pg's names; awa-pg's "
+     "row also copies its health flags (healthy, *_alive, shutting_down, postgres_connected), which "
+     "health_check() reads live here, and its queue-storage columns (issue 18)"),
     ("client.construct_unreachable.*", "issue 13 item 10: ours fails fast (a bounded connect timeout) with a "
      "DatabaseError naming host, port and cause; awa-pg waits for its pool's timeout and names neither"),
     ("worker.outcome_raise_*.error_keys", "an errors[] entry also carries the handler's traceback (an addition)"),
