@@ -258,5 +258,9 @@ fn requests_are_checked_before_anything_runs() {
     .expect("valid");
     assert!(!ok.filter.is_unscoped());
     assert!(batch_ops::parse_op_id("nope").is_err());
-    assert!(batch_ops::parse_op_id("00000000-0000-0000-0000-000000000000").is_ok());
+    assert_eq!(
+        batch_ops::parse_op_id("0123456789ABCDEF0123456789abcdef").expect("plain hex"),
+        "01234567-89ab-cdef-0123-456789abcdef"
+    );
+    assert!(batch_ops::parse_op_id("0123456-789ab-cdef-0123-456789abcdef").is_err());
 }

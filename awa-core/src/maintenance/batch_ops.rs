@@ -111,6 +111,21 @@ pub async fn step(pool: &Db, runner: Option<&str>, chunk: i64) -> Result<Step> {
 /// A failed step is logged and recorded on the operation (`last_error`); the operation stays
 /// active and the step is retried on the next tick, from the last committed cursor.
 pub(crate) async fn tick(pool: &Db, runner: Option<&str>) {
+    // One indexed read when nothing is active (the usual case), instead of a transaction.
+    let active: std::result::Result<bool, sqlx::Error> = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM awa.batch_operations
+                        WHERE state IN ('pending', 'scanning', 'running', 'cancelling'))",
+    )
+    .fetch_one(pool)
+    .await;
+    match active.map_err(AwaError::from) {
+        Ok(true) => {}
+        Ok(false) | Err(AwaError::SchemaNotMigrated { .. }) => return,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading batch operations failed");
+            return;
+        }
+    }
     let started = Instant::now();
     while started.elapsed() < TICK_BUDGET {
         match step(pool, runner, store::CHUNK).await {

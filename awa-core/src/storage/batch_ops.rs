@@ -282,7 +282,7 @@ impl BatchFilter {
                     let state = filter_text(key, value)?;
                     let parsed = state
                         .parse::<JobState>()
-                        .map_err(|e| refused(format!("filter {e}")))?;
+                        .map_err(|e| refused(format!("filter state: {e}")))?;
                     if !QUEUED.contains(&parsed.as_str()) {
                         return Err(refused(format!(
                             "{} only changes queued jobs: the state filter must be available \
@@ -534,13 +534,23 @@ pub fn parse_op_state(state: &str) -> Result<&'static str> {
     })
 }
 
-/// Check an operation id given by a caller: a UUID (hyphenated, or 32 hex digits).
+/// Check an operation id given by a caller: a UUID (hyphenated, or 32 hex digits, either
+/// case); returns it in the canonical hyphenated lower-case form.
 pub fn parse_op_id(id: &str) -> Result<String> {
     let hex: String = id.chars().filter(|c| *c != '-').collect();
     let hyphens_ok = !id.contains('-')
         || (id.len() == 36 && [8, 13, 18, 23].iter().all(|&i| id.as_bytes()[i] == b'-'));
     if hex.len() == 32 && hex.chars().all(|c| c.is_ascii_hexdigit()) && hyphens_ok {
-        Ok(hex.to_ascii_lowercase())
+        // The canonical form (lower case, hyphenated), as the row's id reads back.
+        let h = hex.to_ascii_lowercase();
+        Ok(format!(
+            "{}-{}-{}-{}-{}",
+            &h[..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..]
+        ))
     } else {
         Err(refused(format!(
             "invalid batch operation id {id:?}: it must be a UUID"
@@ -597,7 +607,7 @@ pub async fn cancel(pool: &Db, id: &str) -> Result<BatchOperation> {
              state = CASE WHEN state = 'pending' THEN 'cancelled' ELSE 'cancelling' END,
              finalized_at = CASE WHEN state = 'pending' THEN now() END,
              retention_until = CASE WHEN state = 'pending'
-                 THEN now() + make_interval(days => $2) END,
+                 THEN now() + make_interval(hours => 24 * $2) END,
              updated_at = now()
          WHERE id = $1::uuid AND state IN ('pending', 'scanning', 'running')
          RETURNING {OP_COLUMNS}"
@@ -711,7 +721,7 @@ pub(crate) async fn finalize(
 ) -> Result<()> {
     sqlx::query(
         "UPDATE awa.batch_operations SET state = $2, finalized_at = now(),
-             retention_until = now() + make_interval(days => $3), updated_at = now(),
+             retention_until = now() + make_interval(hours => 24 * $3), updated_at = now(),
              started_at = coalesce(started_at, now()),
              runner_instance = coalesce(runner_instance, $4),
              last_error = coalesce($5, last_error), skipped = skipped + $6
