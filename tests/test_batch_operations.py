@@ -260,6 +260,24 @@ async def test_moved_available_jobs_are_picked_up_by_the_new_queue(client: awa.A
         await client.shutdown()
 
 
+async def test_jobs_inserted_after_the_submit_are_not_part_of_the_operation(client: awa.AsyncClient) -> None:
+    @client.task(Block, queue="work")
+    async def block(job: Any) -> None:
+        pass
+
+    before = (await client.insert(Chore(n=1), queue="q")).id
+    op = await client.set_priority(4, filter={"queue": "q"})
+    after = (await client.insert(Chore(n=2), queue="q")).id
+    await client.start([("work", 1)], **FAST)
+    try:
+        final = await _wait_finished(client, op["id"])
+    finally:
+        await client.shutdown()
+    assert (final["total_matched"], final["processed"]) == (1, 1)
+    assert (await _job(client, before)).priority == 4
+    assert (await _job(client, after)).priority == 2
+
+
 # ----- cancel, list, purge ---------------------------------------------------------------------
 
 

@@ -2,11 +2,20 @@
 //! snapshot, chunking, the stored cursor a new runner resumes from, skipped jobs, cancel.
 
 mod common;
+mod support;
 
 use awa_core::maintenance::batch_ops::{step, Step};
 use awa_core::storage::batch_ops::{self, BatchRequest, Cursor};
+use awa_core::{Client, JobArgs, JobResult, QueueConfig, RuntimeConfig};
 use common::TestDb;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
+use std::time::Duration;
+use support::{eventually, fast_config};
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Noop {}
+impl JobArgs for Noop {}
 
 /// Insert `n` jobs of kind `k` in `queue` with `state`; returns their ids in order.
 async fn insert(db: &TestDb, n: i64, queue: &str, state: &str) -> Vec<i64> {
@@ -263,4 +272,77 @@ fn requests_are_checked_before_anything_runs() {
         "01234567-89ab-cdef-0123-456789abcdef"
     );
     assert!(batch_ops::parse_op_id("0123456-789ab-cdef-0123-456789abcdef").is_err());
+}
+
+#[tokio::test]
+async fn the_leader_runs_submitted_operations_and_prunes_expired_ones() {
+    let db = TestDb::new().await;
+    let ids = insert(&db, 3, "parked", "available").await;
+    let op = batch_ops::submit(
+        &db.pool,
+        &request(
+            "move_queue",
+            json!({"queue": "dst"}),
+            json!({"queue": "parked"}),
+        ),
+        None,
+        false,
+    )
+    .await
+    .expect("submit");
+    // Two finished operations: one past its retention, one not.
+    sqlx::raw_sql(
+        "INSERT INTO awa.batch_operations (op_kind, spec, state, finalized_at, retention_until)
+         VALUES ('set_priority', '{\"priority\": 1}', 'completed', now() - interval '91 days',
+                 now() - interval '1 day'),
+                ('set_priority', '{\"priority\": 2}', 'cancelled', now(), now() + interval '90 days')",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("seed");
+    let client = Client::builder(db.pool.clone())
+        .queue("work", QueueConfig::new(1))
+        .config(RuntimeConfig {
+            prune_interval: Duration::from_millis(100),
+            ..fast_config()
+        })
+        .register::<Noop, _, _>(|_args, _ctx| async move { Ok(JobResult::Completed) })
+        .build()
+        .expect("build");
+    client.start().await.expect("start");
+    let done = eventually(
+        "the leader completes the operation",
+        Duration::from_secs(20),
+        || async {
+            let row = batch_ops::get(&db.pool, &op.id).await.ok()?;
+            (row.state == "completed").then_some(row)
+        },
+    )
+    .await;
+    assert_eq!((done.total_matched, done.processed), (Some(3), 3));
+    assert_eq!(done.runner_instance, client.instance_id().await);
+    assert!(priorities(&db, &ids).await.iter().all(|(_, q)| q == "dst"));
+    eventually(
+        "the expired operation is pruned",
+        Duration::from_secs(20),
+        || async {
+            let expired: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM awa.batch_operations WHERE retention_until < now()",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .ok()?;
+            (expired == 0).then_some(())
+        },
+    )
+    .await;
+    let left = batch_ops::list(&db.pool, None, 10).await.expect("list");
+    let mut states: Vec<&str> = left.iter().map(|o| o.state.as_str()).collect();
+    states.sort_unstable();
+    assert_eq!(
+        states,
+        ["cancelled", "completed"],
+        "the expired row went, the rest stayed"
+    );
+    client.shutdown(Duration::from_secs(5)).await;
 }
