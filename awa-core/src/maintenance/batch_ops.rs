@@ -14,7 +14,7 @@ use crate::storage::pool::Db;
 use std::time::{Duration, Instant};
 
 /// How long one maintenance tick may spend on batch operations.
-pub const TICK_BUDGET: Duration = Duration::from_millis(200);
+pub(crate) const TICK_BUDGET: Duration = Duration::from_millis(200);
 
 /// Longest a chunk waits for a job row another transaction holds; past it the chunk is
 /// rolled back and retried on a later tick.

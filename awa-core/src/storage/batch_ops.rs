@@ -38,23 +38,20 @@ use sqlx::{PgConnection, PgExecutor, Row};
 /// Jobs changed per transaction: small enough that a chunk's row locks are held for
 /// milliseconds and a claimer (which skips locked rows) barely notices, large enough that a
 /// million-job operation needs no more than a few thousand transactions.
-pub const CHUNK: i64 = 500;
+pub(crate) const CHUNK: i64 = 500;
 
 /// How many matching jobs a preview shows.
-pub const PREVIEW_SAMPLE: i64 = 10;
+pub(crate) const PREVIEW_SAMPLE: i64 = 10;
 
 /// How long a finished operation's row is kept before the maintenance leader deletes it
 /// (`retention_until`), as in awa-pg: 90 days.
-pub const RETENTION_DAYS: i32 = 90;
+pub(crate) const RETENTION_DAYS: i32 = 90;
 
 /// The job states an operation may change.
 const QUEUED: [&str; 2] = ["available", "scheduled"];
 
-/// The operation states in which the leader still has work to do (or a cancel to record).
-pub const ACTIVE_STATES: [&str; 4] = ["pending", "scanning", "running", "cancelling"];
-
 /// Every operation state, in awa-pg's order (`BatchOperationState`).
-pub const STATES: [&str; 7] = [
+pub(crate) const STATES: [&str; 7] = [
     "pending",
     "scanning",
     "running",
@@ -407,7 +404,7 @@ pub struct Preview {
     pub sample: Vec<JobRow>,
 }
 
-/// Count the queued jobs `request` matches and show the first [`PREVIEW_SAMPLE`] of them.
+/// Count the queued jobs `request` matches and show the first ten of them (by id).
 /// Changes nothing; needs no `allow_all`.
 pub async fn preview(pool: &Db, request: &BatchRequest) -> Result<Preview> {
     let count_sql = format!("SELECT count(*) FROM awa.jobs WHERE {FILTER_SQL}");
