@@ -660,8 +660,7 @@ pub(crate) async fn prune_expired(pool: &Db, batch: usize) -> Result<u64> {
 
 // ----- execution (driven by crate::maintenance::batch_ops) ----------------------------------
 
-/// The oldest active operation, locked for this transaction (skipping one a cancel or
-/// another leader holds right now).
+/// An active operation as the leader reads it to run its next step.
 pub(crate) struct Claimed {
     pub id: String,
     pub op_kind: String,
@@ -675,6 +674,8 @@ pub(crate) struct Claimed {
     pub snapshot_max_id: i64,
 }
 
+/// The oldest active operation, locked for the caller's transaction (skipping one that a
+/// cancel or another leader holds right now).
 pub(crate) async fn claim_active(conn: &mut PgConnection) -> Result<Option<Claimed>> {
     let row = sqlx::query(
         "SELECT id::text AS id, op_kind, filter, spec, state, cursor, total_matched, processed,
