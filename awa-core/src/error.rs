@@ -49,6 +49,12 @@ pub enum AwaError {
     /// No waiting job has this callback id (unknown, already resolved, or timed out).
     #[error("callback {0} not found or already resolved")]
     CallbackNotFound(String),
+    /// A durable batch operation call was refused (docs/batch-operations.md): an unknown
+    /// `op_kind`, a bad spec or filter, an empty filter without `allow_all`, a malformed or
+    /// unknown operation id, or a cancel of an operation that is no longer active. Python
+    /// raises `awa.ValidationError`, the class awa-pg raises for all of these.
+    #[error("{0}")]
+    BatchOperation(String),
     /// A follow-up could not be staged.
     #[error(transparent)]
     Staging(#[from] StageError),

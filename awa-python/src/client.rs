@@ -10,7 +10,7 @@ use crate::errors::IntoPyResult;
 use crate::transaction::NativeTransaction;
 use awa_core::model::{UntypedOpts, UntypedRequest};
 use awa_core::storage::pool::{ConnectTarget, Db};
-use awa_core::storage::{admin, callbacks, dlq};
+use awa_core::storage::{admin, batch_ops, callbacks, dlq};
 use awa_core::{AwaError, JobFilter, JobRow, JobState, NewJob};
 use pyo3::prelude::*;
 use std::sync::Arc;
@@ -207,6 +207,23 @@ fn dlq_filter(
         before_id,
         before_dlq_at: before_dlq_at.as_deref().map(parse_instant).transpose()?,
     })
+}
+
+/// Parse and check a batch operation's kind, spec and filter (JSON text from the package).
+fn batch_request(
+    op_kind: &str,
+    spec_json: &str,
+    filter_json: Option<&str>,
+) -> PyResult<batch_ops::BatchRequest> {
+    let spec: serde_json::Value = serde_json::from_str(spec_json)
+        .map_err(AwaError::from)
+        .py_err()?;
+    let filter: Option<serde_json::Value> = filter_json
+        .map(serde_json::from_str)
+        .transpose()
+        .map_err(AwaError::from)
+        .py_err()?;
+    batch_ops::BatchRequest::parse(op_kind, &spec, filter.as_ref()).py_err()
 }
 
 #[pyclass(module = "awa._awa")]
@@ -721,6 +738,101 @@ impl NativeClient {
         self.json_future(py, async move {
             dlq::purge_dlq(&pool, &filter, allow_all).await
         })
+    }
+
+    // ----- durable batch operations (docs/batch-operations.md) ------------------------------
+    //
+    // Spec and filter cross as JSON text (the Python package turns datetimes into RFC 3339
+    // text); results return as JSON text.
+
+    /// `{"total_matched": n, "sample": [job, ...]}` as JSON.
+    #[pyo3(signature = (op_kind, spec_json, filter_json = None))]
+    fn preview_batch_operation<'py>(
+        &self,
+        py: Python<'py>,
+        op_kind: &str,
+        spec_json: &str,
+        filter_json: Option<&str>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let request = batch_request(op_kind, spec_json, filter_json)?;
+        let pool = self.pool.clone();
+        self.json_future(py, async move { batch_ops::preview(&pool, &request).await })
+    }
+
+    /// The new operation's row as JSON.
+    #[pyo3(signature = (op_kind, spec_json, filter_json = None, submitted_by = None, allow_all = false))]
+    fn submit_batch_operation<'py>(
+        &self,
+        py: Python<'py>,
+        op_kind: &str,
+        spec_json: &str,
+        filter_json: Option<&str>,
+        submitted_by: Option<String>,
+        allow_all: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let request = batch_request(op_kind, spec_json, filter_json)?;
+        let pool = self.pool.clone();
+        self.json_future(py, async move {
+            batch_ops::submit(&pool, &request, submitted_by.as_deref(), allow_all).await
+        })
+    }
+
+    #[pyo3(signature = (state = None, limit = 100))]
+    fn list_batch_operations<'py>(
+        &self,
+        py: Python<'py>,
+        state: Option<String>,
+        limit: i64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(s) = &state {
+            batch_ops::parse_op_state(s).py_err()?;
+        }
+        let pool = self.pool.clone();
+        self.json_future(py, async move {
+            batch_ops::list(&pool, state.as_deref(), limit).await
+        })
+    }
+
+    fn get_batch_operation<'py>(
+        &self,
+        py: Python<'py>,
+        operation_id: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        batch_ops::parse_op_id(&operation_id).py_err()?;
+        let pool = self.pool.clone();
+        self.json_future(
+            py,
+            async move { batch_ops::get(&pool, &operation_id).await },
+        )
+    }
+
+    fn cancel_batch_operation<'py>(
+        &self,
+        py: Python<'py>,
+        operation_id: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        batch_ops::parse_op_id(&operation_id).py_err()?;
+        let pool = self.pool.clone();
+        self.json_future(
+            py,
+            async move { batch_ops::cancel(&pool, &operation_id).await },
+        )
+    }
+
+    /// How many finished operations were deleted, as JSON.
+    #[pyo3(signature = (before, limit = 1000))]
+    fn purge_batch_operations<'py>(
+        &self,
+        py: Python<'py>,
+        before: &str,
+        limit: i64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let before = parse_instant(before)?;
+        let pool = self.pool.clone();
+        self.json_future(
+            py,
+            async move { batch_ops::purge(&pool, before, limit).await },
+        )
     }
 
     /// Resolve a callback: action is complete, fail, retry, resume or heartbeat.

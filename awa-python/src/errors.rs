@@ -88,7 +88,7 @@ create_exception!(awa, JobNotFound, AwaError, "No job has this id.");
 pub fn to_py(e: CoreError) -> PyErr {
     let msg = e.to_string();
     match e {
-        CoreError::Validation(_) => ValidationError::new_err(msg),
+        CoreError::Validation(_) | CoreError::BatchOperation(_) => ValidationError::new_err(msg),
         CoreError::Config(_) => ConfigError::new_err(msg),
         CoreError::Serialization(_) => SerializationError::new_err(msg),
         CoreError::UniqueConflict { .. } => UniqueConflict::new_err(msg),

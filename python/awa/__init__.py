@@ -24,6 +24,13 @@ from ._awa import (
     UnknownJobKind,
     ValidationError,
 )
+from ._batch_ops import (
+    BatchOperation,
+    BatchOperationFilter,
+    BatchOperationKind,
+    BatchOperationPreview,
+    BatchOperationState,
+)
 from ._client import AsyncClient, Client, SyncTransaction, Transaction
 from ._convert import MAX_JSON_DEPTH, derive_kind
 from ._job import Job
@@ -43,6 +50,11 @@ _atexit.register(lambda: _awa.quiesce(50))
 __all__ = [
     "AsyncClient",
     "AwaError",
+    "BatchOperation",
+    "BatchOperationFilter",
+    "BatchOperationKind",
+    "BatchOperationPreview",
+    "BatchOperationState",
     "CallbackToken",
     "Cancel",
     "CallbackNotFound",

@@ -15,6 +15,16 @@ import warnings
 from . import _awa
 from . import _cron
 from ._convert import OrderingKey, RunAt, args_to_json_text, build_request, checked_setting, copy_batch, derive_kind, json_text, run_at_text
+from ._batch_ops import (
+    BatchOperation,
+    BatchOperationFilter,
+    BatchOperationKind,
+    BatchOperationPreview,
+    BatchOperationState,
+    filter_json,
+    instant_text,
+    spec_json,
+)
 from ._dump import dump_job_text, dump_run_text
 from ._job import Job, job_from_json, jobs_from_json
 from ._outcomes import CallbackToken, callback_id_of
@@ -220,6 +230,13 @@ class _TransactionContext:
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self._tx is not None:
             await self._tx.__aexit__(exc_type, exc, tb)
+
+
+def _move_spec(queue: str, priority: Optional[int]) -> dict[str, Any]:
+    spec: dict[str, Any] = {"queue": queue}
+    if priority is not None:
+        spec["priority"] = priority
+    return spec
 
 
 class AsyncClient:
@@ -723,6 +740,113 @@ class AsyncClient:
         given); returns how many. Without kind, queue or tag ``awa.ValidationError`` unless
         ``allow_all=True``: a bare ``purge_dlq()`` must not empty the DLQ."""
         text = await self._native.purge_dlq(kind, queue, tag, before_id, run_at_text(before_dlq_at), allow_all)
+        return cast("int", json.loads(text))
+
+    # ----- durable batch operations (docs/batch-operations.md) ------------------------------
+    #
+    # An operation is a row in awa.batch_operations that the maintenance leader applies in
+    # chunks of 500 jobs, to queued (available / scheduled) jobs only. Submitting needs no
+    # runtime in this process: any client's runtime that leads maintenance runs it.
+
+    async def preview_batch_operation(
+        self,
+        op_kind: BatchOperationKind,
+        *,
+        spec: dict[str, Any],
+        filter: Optional[BatchOperationFilter] = None,
+    ) -> BatchOperationPreview:
+        """How many queued jobs the operation would touch now, and the first ten of them (job
+        dicts, by id). Checks ``op_kind``, ``spec`` and ``filter`` as a submit does; changes
+        nothing."""
+        text = await self._native.preview_batch_operation(op_kind, spec_json(spec), filter_json(filter))
+        return cast("BatchOperationPreview", json.loads(text))
+
+    async def submit_batch_operation(
+        self,
+        op_kind: BatchOperationKind,
+        *,
+        spec: dict[str, Any],
+        filter: Optional[BatchOperationFilter] = None,
+        submitted_by: Optional[str] = None,
+        allow_all: bool = False,
+    ) -> BatchOperation:
+        """Record an operation for the maintenance leader; returns it (``pending``). A filter
+        that narrows nothing raises ``awa.ValidationError`` unless ``allow_all=True``."""
+        text = await self._native.submit_batch_operation(
+            op_kind, spec_json(spec), filter_json(filter), submitted_by, allow_all
+        )
+        return cast("BatchOperation", json.loads(text))
+
+    async def preview_set_priority(
+        self, priority: int, *, filter: Optional[BatchOperationFilter] = None
+    ) -> BatchOperationPreview:
+        """Preview giving the matching queued (available / scheduled) jobs ``priority``."""
+        return await self.preview_batch_operation("set_priority", spec={"priority": priority}, filter=filter)
+
+    async def set_priority(
+        self,
+        priority: int,
+        *,
+        filter: Optional[BatchOperationFilter] = None,
+        submitted_by: Optional[str] = None,
+        allow_all: bool = False,
+    ) -> BatchOperation:
+        """Submit an operation giving the matching queued jobs ``priority`` (1 to 4)."""
+        return await self.submit_batch_operation(
+            "set_priority", spec={"priority": priority}, filter=filter,
+            submitted_by=submitted_by, allow_all=allow_all,
+        )
+
+    async def preview_move_queue(
+        self,
+        queue: str,
+        *,
+        priority: Optional[int] = None,
+        filter: Optional[BatchOperationFilter] = None,
+    ) -> BatchOperationPreview:
+        """Preview moving the matching queued (available / scheduled) jobs to ``queue``."""
+        return await self.preview_batch_operation("move_queue", spec=_move_spec(queue, priority), filter=filter)
+
+    async def move_queue(
+        self,
+        queue: str,
+        *,
+        priority: Optional[int] = None,
+        filter: Optional[BatchOperationFilter] = None,
+        submitted_by: Optional[str] = None,
+        allow_all: bool = False,
+    ) -> BatchOperation:
+        """Submit an operation moving the matching queued jobs to ``queue`` (and, when given,
+        to ``priority``)."""
+        return await self.submit_batch_operation(
+            "move_queue", spec=_move_spec(queue, priority), filter=filter,
+            submitted_by=submitted_by, allow_all=allow_all,
+        )
+
+    async def list_batch_operations(
+        self, *, state: Optional[BatchOperationState] = None, limit: int = 100
+    ) -> list[BatchOperation]:
+        """Operations, newest first; ``limit`` below 1 counts as 1 (as in awa-pg)."""
+        text = await self._native.list_batch_operations(state, limit)
+        return cast("list[BatchOperation]", json.loads(text))
+
+    async def get_batch_operation(self, operation_id: str) -> BatchOperation:
+        """One operation by its UUID; a malformed or unknown id raises ``awa.ValidationError``."""
+        return cast("BatchOperation", json.loads(await self._native.get_batch_operation(operation_id)))
+
+    async def cancel_batch_operation(self, operation_id: str) -> BatchOperation:
+        """Stop an operation: a pending one is ``cancelled`` at once (nothing was touched); a
+        running one becomes ``cancelling`` and the leader ends it before its next chunk. One
+        already cancelling or finished raises ``awa.ValidationError``."""
+        return cast("BatchOperation", json.loads(await self._native.cancel_batch_operation(operation_id)))
+
+    async def purge_batch_operations(self, before: _dt.datetime, *, limit: int = 1000) -> int:
+        """Delete finished operations whose ``finalized_at`` is before ``before`` (at most
+        ``limit``, at least 1); returns how many. The leader also deletes them on its own
+        once their ``retention_until`` (90 days after finishing) has passed."""
+        if not isinstance(before, _dt.datetime):
+            raise TypeError(f"before must be a datetime, not {type(before).__name__}")
+        text = await self._native.purge_batch_operations(instant_text(before), limit)
         return cast("int", json.loads(text))
 
     # ----- external callbacks ----------------------------------------------------------------
@@ -1254,6 +1378,83 @@ class Client:
             kind=kind, queue=queue, tag=tag, before_id=before_id, before_dlq_at=before_dlq_at,
             allow_all=allow_all,
         ))
+
+    # ----- durable batch operations -----------------------------------------------------------
+
+    def preview_batch_operation(
+        self,
+        op_kind: BatchOperationKind,
+        *,
+        spec: dict[str, Any],
+        filter: Optional[BatchOperationFilter] = None,
+    ) -> BatchOperationPreview:
+        return self._run(self._async.preview_batch_operation(op_kind, spec=spec, filter=filter))
+
+    def submit_batch_operation(
+        self,
+        op_kind: BatchOperationKind,
+        *,
+        spec: dict[str, Any],
+        filter: Optional[BatchOperationFilter] = None,
+        submitted_by: Optional[str] = None,
+        allow_all: bool = False,
+    ) -> BatchOperation:
+        return self._run(self._async.submit_batch_operation(
+            op_kind, spec=spec, filter=filter, submitted_by=submitted_by, allow_all=allow_all,
+        ))
+
+    def preview_set_priority(
+        self, priority: int, *, filter: Optional[BatchOperationFilter] = None
+    ) -> BatchOperationPreview:
+        return self._run(self._async.preview_set_priority(priority, filter=filter))
+
+    def set_priority(
+        self,
+        priority: int,
+        *,
+        filter: Optional[BatchOperationFilter] = None,
+        submitted_by: Optional[str] = None,
+        allow_all: bool = False,
+    ) -> BatchOperation:
+        return self._run(self._async.set_priority(
+            priority, filter=filter, submitted_by=submitted_by, allow_all=allow_all,
+        ))
+
+    def preview_move_queue(
+        self,
+        queue: str,
+        *,
+        priority: Optional[int] = None,
+        filter: Optional[BatchOperationFilter] = None,
+    ) -> BatchOperationPreview:
+        return self._run(self._async.preview_move_queue(queue, priority=priority, filter=filter))
+
+    def move_queue(
+        self,
+        queue: str,
+        *,
+        priority: Optional[int] = None,
+        filter: Optional[BatchOperationFilter] = None,
+        submitted_by: Optional[str] = None,
+        allow_all: bool = False,
+    ) -> BatchOperation:
+        return self._run(self._async.move_queue(
+            queue, priority=priority, filter=filter, submitted_by=submitted_by, allow_all=allow_all,
+        ))
+
+    def list_batch_operations(
+        self, *, state: Optional[BatchOperationState] = None, limit: int = 100
+    ) -> list[BatchOperation]:
+        return self._run(self._async.list_batch_operations(state=state, limit=limit))
+
+    def get_batch_operation(self, operation_id: str) -> BatchOperation:
+        return self._run(self._async.get_batch_operation(operation_id))
+
+    def cancel_batch_operation(self, operation_id: str) -> BatchOperation:
+        return self._run(self._async.cancel_batch_operation(operation_id))
+
+    def purge_batch_operations(self, before: _dt.datetime, *, limit: int = 1000) -> int:
+        return self._run(self._async.purge_batch_operations(before, limit=limit))
 
     # ----- periodic jobs (docs/periodic.md) --------------------------------------------------
 

@@ -142,7 +142,7 @@ pub(crate) fn start(
             shared.specs.clone(),
             shared.stop_background.clone(),
             shared.is_leader.clone(),
-            shared.instance.leader_changed.clone(),
+            shared.instance.clone(),
         )));
     }
     Ok(Running {

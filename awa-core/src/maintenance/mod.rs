@@ -12,11 +12,13 @@
 //! transaction only holds the lock and runs `SELECT 1`; it takes no snapshot between
 //! statements and writes nothing, so it holds back no vacuum.
 
+pub mod batch_ops;
 pub mod prune;
 pub mod rescue;
 
 use crate::executor::config::RuntimeConfig;
 use crate::executor::context::CancelSignal;
+use crate::executor::registry::Instance;
 use crate::specs::Specs;
 use crate::storage::pool::Db;
 use crate::storage::pool::{ConnectTarget, PoolMode};
@@ -37,7 +39,7 @@ pub(crate) async fn run(
     specs: Specs,
     stop: CancelSignal,
     is_leader: Arc<AtomicBool>,
-    leader_changed: Arc<tokio::sync::Notify>,
+    instance: Arc<Instance>,
 ) {
     loop {
         if stop.is_cancelled() {
@@ -46,11 +48,11 @@ pub(crate) async fn run(
         match try_lead(&pool, url.as_deref()).await {
             Ok(Some(lease)) => {
                 is_leader.store(true, Ordering::SeqCst);
-                leader_changed.notify_one();
+                instance.leader_changed.notify_one();
                 tracing::info!("became the maintenance leader");
-                lead(&pool, lease, &config, &specs, &stop).await;
+                lead(&pool, lease, &config, &specs, &stop, &instance).await;
                 is_leader.store(false, Ordering::SeqCst);
-                leader_changed.notify_one();
+                instance.leader_changed.notify_one();
                 tracing::info!("stopped being the maintenance leader");
             }
             Ok(None) => {}
@@ -97,7 +99,14 @@ async fn try_lead(pool: &Db, url: Option<&str>) -> crate::error::Result<Option<L
     }
 }
 
-async fn lead(pool: &Db, lease: Lease, config: &RuntimeConfig, specs: &Specs, stop: &CancelSignal) {
+async fn lead(
+    pool: &Db,
+    lease: Lease,
+    config: &RuntimeConfig,
+    specs: &Specs,
+    stop: &CancelSignal,
+    instance: &Instance,
+) {
     let tick = [
         config.promote_interval,
         config.heartbeat_rescue_interval,
@@ -169,7 +178,15 @@ async fn lead(pool: &Db, lease: Lease, config: &RuntimeConfig, specs: &Specs, st
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "runtime registry prune failed"),
             }
+            // Finished batch operations past their retention_until.
+            match crate::storage::batch_ops::prune_expired(pool, config.cleanup_batch).await {
+                Ok(n) if n > 0 => tracing::info!(deleted = n, "pruned finished batch operations"),
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "batch operation prune failed"),
+            }
         }
+        // Durable batch operations: a bounded slice of work per tick (docs/batch-operations.md).
+        batch_ops::tick(pool, instance.id.get().map(String::as_str)).await;
         // Periodic jobs: enqueue due fires (rate-limited to about once a second inside).
         cron.tick(pool).await;
         tokio::select! {

@@ -50,6 +50,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         9,
         include_str!("../../migrations/0009_unique_keys_blake3.sql"),
     ),
+    (
+        10,
+        include_str!("../../migrations/0010_batch_operations.sql"),
+    ),
 ];
 
 /// The first version with `awa.pending_steps`.

@@ -2,6 +2,7 @@
 //! caller may want its own transaction; finalization and claiming own their transactions.
 
 pub mod admin;
+pub mod batch_ops;
 pub mod callbacks;
 pub mod claim;
 pub mod copy;
