@@ -119,3 +119,24 @@ async def test_insert_then_sleep_then_shutdown_completes_the_job(database_url: s
     finally:
         await client.close()
 
+
+
+async def test_durable_batch_operations(client: awa.AsyncClient) -> None:
+    """preview_set_priority / set_priority / move_queue with filters, list_batch_operations,
+    cancel_batch_operation(operation["id"]), as the README's operator example calls them."""
+    await client.insert(SendEmail(to="a@example.com", subject="x"), queue="default")
+    await client.insert(SendEmail(to="b@example.com", subject="y"), queue="default", tags=["incident-123"])
+
+    preview = await client.preview_set_priority(1, filter={"queue": "default", "state": "available"})
+    assert preview["total_matched"] == 2 and len(preview["sample"]) == 2
+
+    operation = await client.set_priority(1, filter={"queue": "default"}, submitted_by="ops@example.com")
+    assert operation["state"] == "pending" and operation["submitted_by"] == "ops@example.com"
+
+    operation = await client.move_queue("escalations", priority=1, filter={"tag": "incident-123"})
+    assert operation["op_kind"] == "move_queue"
+
+    active = await client.list_batch_operations(state="running")
+    assert active == []  # nothing runs them here: no runtime is leader
+    cancelled = await client.cancel_batch_operation(operation["id"])
+    assert cancelled["id"] == operation["id"] and cancelled["state"] in ("cancelling", "cancelled")
