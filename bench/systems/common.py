@@ -204,7 +204,11 @@ def main(
         if w is None:
             emit({"ok": False, "unavailable": True, "error": f"workload {args.workload} not implemented"})
             sys.exit(1)
+        cpu0 = time.process_time()
         result = run(_phases(w, args))
+        if args.phase == "run":
+            # This process's CPU (every thread) over the phase, start-up and imports left out.
+            result["cpu_s"] = time.process_time() - cpu0
         if args.phase in ("run", "all"):
             result.setdefault("system", describe())
             result["system"].setdefault("event_loop", event_loop_name())

@@ -533,11 +533,33 @@ async fn run(o: &Opts) -> Result<Value, AnyError> {
     Ok(out)
 }
 
+/// CPU seconds (user + system, every thread) this process has used so far, from
+/// `/proc/self/stat`; `None` where that is not readable. The orchestrator prefers this over
+/// the whole subprocess's time: it leaves out start-up, as the Python adapters' figure does.
+fn process_cpu_s() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let fields: Vec<&str> = stat
+        .get(stat.rfind(')')? + 2..)?
+        .split_whitespace()
+        .collect();
+    // fields[0] is field 3 of stat(5); utime and stime are fields 14 and 15, in clock ticks
+    // (100 per second on Linux).
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
 #[tokio::main]
 async fn main() {
+    let cpu0 = process_cpu_s();
     let result = async {
         let o = parse_opts()?;
-        run(&o).await
+        let mut v = run(&o).await?;
+        if o.phase == "run" {
+            if let (Some(a), Some(b), Some(obj)) = (cpu0, process_cpu_s(), v.as_object_mut()) {
+                obj.insert("cpu_s".into(), json!(b - a));
+            }
+        }
+        Ok::<_, AnyError>(v)
     }
     .await;
     match result {
