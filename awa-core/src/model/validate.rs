@@ -200,7 +200,8 @@ pub(crate) fn parse_error(field: &str, e: &serde_json::Error) -> ValidationError
     }
 }
 
-fn json_type_name(v: &Value) -> &'static str {
+/// How a JSON value's type reads in an error message ("a string", "an object", ...).
+pub(crate) fn json_type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -130,7 +130,7 @@ impl BatchSpec {
         let Some(map) = spec.as_object() else {
             return Err(refused(format!(
                 "a batch operation spec must be an object, got {}",
-                json_type(spec)
+                crate::model::validate::json_type_name(spec)
             )));
         };
         let allowed: &[&str] = match kind {
@@ -170,7 +170,7 @@ impl BatchSpec {
                     Some(other) => {
                         return Err(refused(format!(
                             "the destination queue must be a string, got {}",
-                            json_type(other)
+                            crate::model::validate::json_type_name(other)
                         )))
                     }
                 };
@@ -190,17 +190,6 @@ fn parse_priority(v: &Value) -> Result<i16> {
     match i16::try_from(n) {
         Ok(p) if (MIN_PRIORITY..=MAX_PRIORITY).contains(&p) => Ok(p),
         _ => Err(refused(ValidationError::Priority { value: n }.to_string())),
-    }
-}
-
-fn json_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 
@@ -242,7 +231,7 @@ impl BatchFilter {
             Some(other) => {
                 return Err(refused(format!(
                     "a batch operation filter must be an object, got {}",
-                    json_type(other)
+                    crate::model::validate::json_type_name(other)
                 )))
             }
         };
@@ -262,7 +251,7 @@ impl BatchFilter {
                     let Some(items) = value.as_array() else {
                         return Err(refused(format!(
                             "filter ids must be a list of job ids, got {}",
-                            json_type(value)
+                            crate::model::validate::json_type_name(value)
                         )));
                     };
                     let ids = items
@@ -335,7 +324,7 @@ fn filter_text(key: &str, value: &Value) -> Result<String> {
         Value::String(s) => Ok(s.clone()),
         other => Err(refused(format!(
             "filter {key} must be a string, got {}",
-            json_type(other)
+            crate::model::validate::json_type_name(other)
         ))),
     }
 }
@@ -344,7 +333,7 @@ fn filter_instant(key: &str, value: &Value) -> Result<DateTime<Utc>> {
     let Some(text) = value.as_str() else {
         return Err(refused(format!(
             "filter {key} must be a datetime or an RFC 3339 string, got {}",
-            json_type(value)
+            crate::model::validate::json_type_name(value)
         )));
     };
     DateTime::parse_from_rfc3339(text)
