@@ -360,3 +360,15 @@ def test_serve_refuses_a_port_in_use(database_url: str) -> None:
 
 def test_callbacks_serve_needs_a_secret_or_an_explicit_opt_out(database_url: str) -> None:
     assert "--allow-unsigned" in fails(database_url, 2, "callbacks", "serve")
+    # The key of awa-pg's signature is 32 bytes: 64 hex characters or 32 bytes of text.
+    assert "64 hex characters or 32 bytes (got 5 bytes)" in fails(
+        database_url, 2, "callbacks", "serve", "--secret", "short")
+
+
+def test_callback_secret_forms() -> None:
+    from awa._cli import UsageError, callback_secret
+
+    assert callback_secret("00" * 32) == bytes(32)
+    assert callback_secret("k" * 32) == b"k" * 32
+    with pytest.raises(UsageError):
+        callback_secret("zz" * 32)  # 64 characters, not hex, and not 32 bytes

@@ -1,7 +1,7 @@
 """``awa serve`` over real HTTP against a real database: every /api route (including 404,
 400 and read-only 503, by the flag and by a role whose transactions are read-only), the
-security defaults, /metrics parsed as Prometheus text, /healthz and /readyz, and the HMAC
-check of ``awa callbacks serve``."""
+security defaults, /metrics parsed as Prometheus text, /healthz and /readyz, and the
+signature check of ``awa callbacks serve`` (awa.callback_contract)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import awa
-from awa._serve import ServeConfig, Server, sign_callback
+from awa._serve import ServeConfig, Server
+from awa.callback_contract import sign as sign_callback
 from conftest import admin_execute
 from test_cli import dead, fail_job, insert
 from test_roles import as_role, owner_execute
