@@ -72,6 +72,7 @@ fn _awa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(logging::set_log_level, m)?)?;
     m.add_function(wrap_pyfunction!(stage_check, m)?)?;
     m.add_function(wrap_pyfunction!(client::check_setting, m)?)?;
+    m.add_function(wrap_pyfunction!(client::check_descriptor, m)?)?;
     m.add_function(wrap_pyfunction!(client::migrations, m)?)?;
     m.add_function(wrap_pyfunction!(client::migrations_range, m)?)?;
     m.add_function(wrap_pyfunction!(client::current_migration_version, m)?)?;

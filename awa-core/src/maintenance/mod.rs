@@ -169,6 +169,14 @@ async fn lead(pool: &Db, lease: Lease, config: &RuntimeConfig, specs: &Specs, st
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "runtime registry prune failed"),
             }
+            // Descriptors no live client refreshed for descriptor_retention_days.
+            if let Some(retention) = config.descriptor_retention {
+                match crate::storage::descriptors::prune_stale(pool, retention).await {
+                    Ok(n) if n > 0 => tracing::info!(deleted = n, "pruned stale descriptors"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "descriptor prune failed"),
+                }
+            }
         }
         // Periodic jobs: enqueue due fires (rate-limited to about once a second inside).
         cron.tick(pool).await;

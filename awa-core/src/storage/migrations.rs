@@ -50,6 +50,9 @@ const MIGRATIONS: &[(i32, &str)] = &[
         9,
         include_str!("../../migrations/0009_unique_keys_blake3.sql"),
     ),
+    // Version 10 is another branch's; versions need not be contiguous (each is applied when
+    // it is above the database's, in this order).
+    (11, include_str!("../../migrations/0011_descriptors.sql")),
 ];
 
 /// The first version with `awa.pending_steps`.

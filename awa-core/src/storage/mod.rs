@@ -5,6 +5,7 @@ pub mod admin;
 pub mod callbacks;
 pub mod claim;
 pub mod copy;
+pub mod descriptors;
 pub mod dlq;
 pub mod foreign;
 pub mod insert;
