@@ -1,16 +1,18 @@
 """Queue and job-kind descriptors (awa-pg 0.6.9's ``queue_descriptor`` / ``job_kind_descriptor``
 and ``start(descriptor_retention_days=...)``; docs/operating.md, "Descriptors"): declared,
 written by ``start()``, refreshed with the runtime registry, pruned by the maintenance leader
-after the retention, and refused when bad."""
+after the retention, refused when bad, and shown by ``/api/queues`` and ``/api/kinds``."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import pytest
 
 import awa
+from awa._serve import ServeConfig
 from helpers import FAST, wait_for
 
 
@@ -237,3 +239,43 @@ async def test_descriptor_retention_days_is_range_checked(client: awa.AsyncClien
     declare(client)
     with pytest.raises(awa.ConfigError, match="descriptor_retention_days is"):
         await client.start([("desc_q", 1)], descriptor_retention_days=days, **FAST)
+
+
+# ----- the web API -----------------------------------------------------------------------------
+
+
+async def test_the_api_shows_descriptors(client: awa.AsyncClient, database_url: str) -> None:
+    from test_serve import start as serve_start
+
+    declare(client)
+    await client.start([("desc_q", 1), ("plain_q", 1)], **FAST)
+    try:
+        for api in serve_start(ServeConfig(database_url, port=0)):
+            queues = {q["queue"]: q for q in api.get("/api/queues")}
+            assert set(queues) == {"desc_q", "plain_q"}  # listed with no jobs: they are described
+            q = api.get("/api/queues/desc_q")
+            assert q == queues["desc_q"]
+            assert (q["display_name"], q["owner"], q["docs_url"]) == (
+                "Outbound email", "growth@example.com", "https://runbook.example.com/email")
+            assert q["description"] == "Sends what the app renders." and q["tags"] == ["user-facing", "email"]
+            assert q["extra"] == {"tier": 1, "pager": {"team": "growth"}}
+            assert q["descriptor_last_seen_at"].endswith("Z")
+            assert q["descriptor_stale"] is False and q["descriptor_mismatch"] is False
+            assert queues["plain_q"]["display_name"] is None and queues["plain_q"]["counts"]["available"] == 0
+            kinds = {k["kind"]: k for k in api.get("/api/kinds")}
+            assert set(kinds) == {"desc_unit", "elsewhere_kind"}
+            assert kinds["desc_unit"]["display_name"] == "Send one email"
+
+            # Another live client declaring desc_q differently; an old, unrefreshed kind row.
+            await client._execute(
+                "INSERT INTO awa.runtime_instances (pid, version, snapshot_interval_ms, queue_descriptor_hashes) "
+                "VALUES (2, 'other', 60000, $1::jsonb)", json.dumps({"desc_q": "f" * 64}))
+            await client._execute("INSERT INTO awa.job_kind_descriptors (kind, descriptor_hash, last_seen_at) "
+                                  "VALUES ('old_kind', 'h', now() - interval '1 day')")
+            assert api.get("/api/queues/desc_q")["descriptor_mismatch"] is True
+            assert api.get("/api/queues/plain_q")["descriptor_mismatch"] is False
+            kinds = {k["kind"]: k for k in api.get("/api/kinds")}
+            assert kinds["old_kind"]["descriptor_stale"] is True and kinds["desc_unit"]["descriptor_stale"] is False
+            assert api.status("GET", "/api/queues/nowhere")[0] == 404
+    finally:
+        await client.shutdown()

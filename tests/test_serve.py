@@ -145,7 +145,10 @@ def test_queues_kinds_runtime_cron_capabilities(api: Api, sync_client: awa.Clien
     assert queues[0]["counts"]["available"] == 2 and queues[0]["lag_seconds"] >= 0
     assert api.get("/api/queues/mail")["total"] == 2
     assert api.status("GET", "/api/queues/nope")[0] == 404
-    assert api.get("/api/kinds") == ["send", "text"]
+    kinds = api.get("/api/kinds")  # each with its descriptor's fields (none declared here)
+    assert [k["kind"] for k in kinds] == ["send", "text"]
+    assert kinds[0]["display_name"] is None and kinds[0]["tags"] == [] and kinds[0]["descriptor_stale"] is False
+    assert queues[0]["display_name"] is None and queues[0]["descriptor_mismatch"] is False
     runtime = api.get("/api/runtime")
     assert runtime["leader"] is None and runtime["instances"] == []
     assert runtime["schema_version"] == awa._awa.SCHEMA_VERSION
