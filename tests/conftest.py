@@ -50,7 +50,8 @@ def empty_database() -> Iterator[str]:
 
 
 def _truncate(c: awa.Client) -> None:
-    c._run(c._async._execute("TRUNCATE awa.jobs, awa.jobs_dlq, awa.queue_meta, awa.cron_jobs, awa.runtime_instances, awa.batch_operations RESTART IDENTITY"))
+    c._run(c._async._execute("TRUNCATE awa.jobs, awa.jobs_dlq, awa.queue_meta, awa.cron_jobs, awa.runtime_instances, "
+                               "awa.batch_operations, awa.queue_descriptors, awa.job_kind_descriptors RESTART IDENTITY"))
 
 
 @pytest.fixture

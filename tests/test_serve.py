@@ -1,7 +1,7 @@
 """``awa serve`` over real HTTP against a real database: every /api route (including 404,
 400 and read-only 503, by the flag and by a role whose transactions are read-only), the
-security defaults, /metrics parsed as Prometheus text, /healthz and /readyz, and the HMAC
-check of ``awa callbacks serve``."""
+security defaults, /metrics parsed as Prometheus text, /healthz and /readyz, and the
+signature check of ``awa callbacks serve`` (awa.callback_contract)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import awa
-from awa._serve import ServeConfig, Server, sign_callback
+from awa._serve import ServeConfig, Server
+from awa.callback_contract import sign as sign_callback
 from conftest import admin_execute
 from test_cli import dead, fail_job, insert
 from test_roles import as_role, owner_execute
@@ -144,7 +145,10 @@ def test_queues_kinds_runtime_cron_capabilities(api: Api, sync_client: awa.Clien
     assert queues[0]["counts"]["available"] == 2 and queues[0]["lag_seconds"] >= 0
     assert api.get("/api/queues/mail")["total"] == 2
     assert api.status("GET", "/api/queues/nope")[0] == 404
-    assert api.get("/api/kinds") == ["send", "text"]
+    kinds = api.get("/api/kinds")  # each with its descriptor's fields (none declared here)
+    assert [k["kind"] for k in kinds] == ["send", "text"]
+    assert kinds[0]["display_name"] is None and kinds[0]["tags"] == [] and kinds[0]["descriptor_stale"] is False
+    assert queues[0]["display_name"] is None and queues[0]["descriptor_mismatch"] is False
     runtime = api.get("/api/runtime")
     assert runtime["leader"] is None and runtime["instances"] == []
     assert runtime["schema_version"] == awa._awa.SCHEMA_VERSION

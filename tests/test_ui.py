@@ -255,6 +255,29 @@ def test_pages_refresh_themselves(driver: Any, ui: Api, sync_client: awa.Client)
          "the refreshed count")
 
 
+def test_queues_and_kinds_pages_show_descriptors(driver: Any, ui: Api, sync_client: awa.Client) -> None:
+    insert(sync_client, 1, queue="mail", kind="send")
+    run = sync_client._async._execute
+    sync_client._run(run(
+        "INSERT INTO awa.queue_descriptors (queue, display_name, description, owner, docs_url, tags, "
+        "descriptor_hash) VALUES ('mail', 'Outbound mail', 'Sends receipts.', 'growth@example.com', "
+        "'https://runbook.example.com/mail', '{user-facing}', 'h')"))
+    sync_client._run(run(
+        "INSERT INTO awa.job_kind_descriptors (kind, display_name, docs_url, descriptor_hash) "
+        "VALUES ('send', 'Send one mail', 'javascript:alert(1)', 'h')"))
+    open_page(driver, ui, "/queues", "/queues")
+    row = 'tr[data-queue="mail"]'
+    assert text(driver, f"{row} .display-name") == "Outbound mail"
+    assert "Sends receipts." in text(driver, row) and "owner: growth@example.com" in text(driver, row)
+    assert text(driver, f"{row} .tag") == "user-facing"
+    link = driver.find_element(By.CSS_SELECTOR, f"{row} a.docs")
+    assert link.get_attribute("href") == "https://runbook.example.com/mail"
+    open_page(driver, ui, "/kinds", "/kinds")
+    kind = 'tr[data-kind="send"]'
+    assert text(driver, f"{kind} .display-name") == "Send one mail"
+    assert driver.find_elements(By.CSS_SELECTOR, f"{kind} a.docs") == []  # not an http(s) URL
+
+
 def test_read_only_hides_every_button(driver: Any, database_url: str, sync_client: awa.Client) -> None:
     job_id = insert(sync_client, 1, queue="mail")[0]
     fail_job(sync_client, job_id)

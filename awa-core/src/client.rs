@@ -9,6 +9,7 @@ use crate::executor::runtime::{self, Running};
 use crate::executor::{ClosureHandler, ErasedHandler, Worker, WorkerHandler};
 use crate::model::{EnqueueRequest, JobArgs, JobRow};
 use crate::specs::{SpecEvent, Specs};
+use crate::storage::descriptors::{self, Catalogue, Descriptor, Subject};
 use crate::storage::pool::Db;
 use crate::storage::{admin, callbacks};
 use std::any::TypeId;
@@ -55,6 +56,7 @@ pub struct ClientBuilder {
     specs: Specs,
     state: StateMap,
     periodic: Vec<crate::cron::PeriodicJob>,
+    descriptors: Catalogue,
 }
 
 impl ClientBuilder {
@@ -137,6 +139,56 @@ impl ClientBuilder {
         self
     }
 
+    // ----- descriptors (docs/operating.md, "Descriptors") -----
+
+    /// Describe a queue for the web UI and API (awa-pg's `queue_descriptor`). The queue must
+    /// be one this client works ([`ClientBuilder::build`] refuses another); a second
+    /// declaration replaces the first. Written by [`Client::start`] and refreshed with the
+    /// runtime registry.
+    pub fn queue_descriptor(mut self, queue: impl Into<String>, descriptor: Descriptor) -> Self {
+        self.descriptors
+            .queues
+            .insert(queue.into(), Some(descriptor));
+        self
+    }
+
+    /// Describe a job kind (awa-pg's `job_kind_descriptor`); any kind, handled here or not.
+    pub fn job_kind_descriptor(mut self, kind: impl Into<String>, descriptor: Descriptor) -> Self {
+        self.descriptors.kinds.insert(kind.into(), Some(descriptor));
+        self
+    }
+
+    /// The declared descriptors checked, plus a bare entry for every other queue worked and
+    /// kind handled, so the catalogue lists everything a live client serves.
+    fn catalogue(&self) -> Result<Catalogue> {
+        let mut catalogue = Catalogue::default();
+        for (queue, d) in &self.descriptors.queues {
+            if !self.queues.contains_key(queue) {
+                return Err(AwaError::Config(format!(
+                    "queue descriptor declared for unknown queue {queue:?}: describe only \
+                     queues this client works"
+                )));
+            }
+            if let Some(d) = d {
+                d.validate(Subject::Queue, queue)?;
+            }
+        }
+        for (kind, d) in &self.descriptors.kinds {
+            if let Some(d) = d {
+                d.validate(Subject::JobKind, kind)?;
+            }
+        }
+        for queue in self.queues.keys() {
+            let declared = self.descriptors.queues.get(queue).cloned().flatten();
+            catalogue.queues.insert(queue.clone(), declared);
+        }
+        catalogue.kinds = self.descriptors.kinds.clone();
+        for kind in self.handlers.keys() {
+            catalogue.kinds.entry(kind.clone()).or_insert(None);
+        }
+        Ok(catalogue)
+    }
+
     fn check_periodic(&self) -> Result<()> {
         self.periodic
             .iter()
@@ -152,6 +204,7 @@ impl ClientBuilder {
             queue.validate(name)?;
         }
         crate::executor::pool::overflow_pool(self.config.global_max_workers, &self.queues)?;
+        let descriptors = Arc::new(self.catalogue()?);
         Ok(Client {
             inner: Arc::new(Inner {
                 pool: self.pool,
@@ -162,6 +215,7 @@ impl ClientBuilder {
                 specs: self.specs,
                 state: self.state,
                 periodic: self.periodic,
+                descriptors,
                 running: Mutex::new(None),
             }),
         })
@@ -177,6 +231,7 @@ struct Inner {
     specs: Specs,
     state: StateMap,
     periodic: Vec<crate::cron::PeriodicJob>,
+    descriptors: Arc<Catalogue>,
     running: Mutex<Option<Running>>,
 }
 
@@ -199,6 +254,7 @@ impl Client {
             specs: Specs::default(),
             state: StateMap::default(),
             periodic: Vec::new(),
+            descriptors: Catalogue::default(),
         }
     }
 
@@ -227,6 +283,13 @@ impl Client {
         }
         crate::storage::foreign::refuse_foreign(&self.inner.pool).await?;
         crate::cron::upsert(&self.inner.pool, &self.inner.periodic).await?;
+        // Written before the runtime starts, so a start that returned has its catalogue rows.
+        descriptors::sync(
+            &self.inner.pool,
+            &self.inner.descriptors,
+            self.inner.config.heartbeat_interval,
+        )
+        .await?;
         for (name, qc) in &self.inner.queues {
             if qc.dlq {
                 admin::set_queue_dlq(&self.inner.pool, name, true).await?;
@@ -240,6 +303,7 @@ impl Client {
             self.inner.specs.clone(),
             self.inner.state.clone(),
             self.inner.url.clone(),
+            self.inner.descriptors.clone(),
         )?);
         if let Some(r) = running.as_ref() {
             // The registry row is there when start() returns (awa-pg's is too, and operators

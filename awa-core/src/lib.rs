@@ -21,7 +21,10 @@
 //!   per-kind/queue job counters and timing histograms (`metrics::series`); `telemetry`
 //!   (feature `otlp`): their OpenTelemetry export over OTLP/gRPC.
 //! - [`error`]: [`AwaError`], the one error type the bindings map to exceptions.
+//! - [`callback_contract`]: signing and checking callback ids (`X-Awa-Signature`) and building
+//!   receiver URLs, in awa-pg's format.
 
+pub mod callback_contract;
 pub mod client;
 pub mod cron;
 pub mod error;

@@ -182,6 +182,29 @@ pub(crate) fn check_setting(field: &str, value: f64) -> PyResult<f64> {
     awa_core::executor::config::check_setting(field, value).py_err()
 }
 
+/// `"queue"` or `"kind"` as the catalogue it names.
+fn descriptor_subject(subject: &str) -> PyResult<awa_core::storage::descriptors::Subject> {
+    use awa_core::storage::descriptors::Subject;
+    match subject {
+        "queue" => Ok(Subject::Queue),
+        "kind" => Ok(Subject::JobKind),
+        other => Err(crate::errors::ValidationError::new_err(format!(
+            "descriptor subject must be \"queue\" or \"kind\", not {other:?}"
+        ))),
+    }
+}
+
+/// Check one descriptor declaration (`queue_descriptor`/`job_kind_descriptor`, JSON) the way
+/// `start()` will, so a bad one fails where it is declared: `awa.ConfigError` naming the field.
+#[pyfunction]
+pub(crate) fn check_descriptor(subject: &str, name: &str, descriptor_json: &str) -> PyResult<()> {
+    let subject = descriptor_subject(subject)?;
+    let d: awa_core::storage::descriptors::Descriptor = serde_json::from_str(descriptor_json)
+        .map_err(|e| AwaError::Config(format!("descriptor of {name:?}: {e}")))
+        .py_err()?;
+    d.validate(subject, name).py_err()
+}
+
 /// An RFC 3339 instant sent by the Python package (which turns datetimes into text).
 fn parse_instant(text: &str) -> PyResult<chrono::DateTime<chrono::Utc>> {
     chrono::DateTime::parse_from_rfc3339(text)
@@ -451,6 +474,12 @@ impl NativeClient {
         for kind in kinds {
             builder = builder.register_erased(kind, bridge.clone());
         }
+        for (queue, d) in &cfg.queue_descriptors {
+            builder = builder.queue_descriptor(queue.clone(), d.clone());
+        }
+        for (kind, d) in &cfg.job_kind_descriptors {
+            builder = builder.job_kind_descriptor(kind.clone(), d.clone());
+        }
         let client = builder.build().py_err()?;
         self.spawn(py, async move {
             client.start().await.py_err()?;
@@ -512,6 +541,16 @@ impl NativeClient {
             py,
             async move { admin::cancel_by_unique_key(&pool, &key).await },
         )
+    }
+
+    /// The queue (`subject="queue"`) or job-kind (`"kind"`) descriptor catalogue, as JSON
+    /// (docs/operating.md, "Descriptors").
+    fn list_descriptors<'py>(&self, py: Python<'py>, subject: &str) -> PyResult<Bound<'py, PyAny>> {
+        let subject = descriptor_subject(subject)?;
+        let pool = self.pool.clone();
+        self.json_future(py, async move {
+            awa_core::storage::descriptors::list(&pool, subject).await
+        })
     }
 
     /// Every client registered in the runtime registry, as JSON (docs/runtime-registry.md).

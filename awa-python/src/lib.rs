@@ -1,6 +1,7 @@
 //! The native module `awa._awa`: thin bindings over `awa-core`.
 //!
 //! # Layout
+//! - `callback_contract`: `X-Awa-Signature` signing/checking and receiver URLs (awa-pg's names).
 //! - `bridge`: Rust futures as asyncio awaitables (one eager poll, one wake-up socket per loop).
 //! - `errors`: exception classes and the one engine-error → exception mapping.
 //! - `convert`: Python values ↔ SQL parameters and result rows.
@@ -15,6 +16,7 @@
 //! - `telemetry`: the OTLP metrics export (`init_telemetry`) and the per-kind/queue series.
 
 mod bridge;
+mod callback_contract;
 mod client;
 mod convert;
 mod cron;
@@ -58,6 +60,7 @@ fn quiesce(py: Python<'_>, millis: u64) {
 #[pymodule]
 fn _awa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
+    callback_contract::register(m)?;
     cron::register(m)?;
     ops::register(m)?;
     telemetry::register(m)?;
@@ -69,6 +72,7 @@ fn _awa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(logging::set_log_level, m)?)?;
     m.add_function(wrap_pyfunction!(stage_check, m)?)?;
     m.add_function(wrap_pyfunction!(client::check_setting, m)?)?;
+    m.add_function(wrap_pyfunction!(client::check_descriptor, m)?)?;
     m.add_function(wrap_pyfunction!(client::migrations, m)?)?;
     m.add_function(wrap_pyfunction!(client::migrations_range, m)?)?;
     m.add_function(wrap_pyfunction!(client::current_migration_version, m)?)?;

@@ -8,8 +8,9 @@
 //! huge or fractional value is an `AwaError::Config` naming the field, whoever built the JSON.
 
 use awa_core::executor::config::{check_setting, setting_count, setting_millis};
+use awa_core::storage::descriptors::Descriptor;
 use awa_core::{AwaError, QueueConfig, RuntimeConfig};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 #[derive(serde::Deserialize)]
@@ -29,6 +30,15 @@ pub(crate) struct StartConfig {
     /// `RuntimeConfig::batch_follow_ups` (an addition to awa-pg's `start()`).
     #[serde(default)]
     batch_follow_ups: Option<bool>,
+    /// Days an unrefreshed descriptor is kept; 0 keeps them for good.
+    #[serde(default)]
+    descriptor_retention_days: Option<f64>,
+    /// `queue_descriptor(...)` declarations, by queue.
+    #[serde(default)]
+    pub(crate) queue_descriptors: BTreeMap<String, Descriptor>,
+    /// `job_kind_descriptor(...)` declarations, by kind.
+    #[serde(default)]
+    pub(crate) job_kind_descriptors: BTreeMap<String, Descriptor>,
 }
 
 /// One queue: `max_workers` (hard-reserved) or `min_workers` + `weight` (weighted).
@@ -101,6 +111,10 @@ pub(crate) fn runtime_config(cfg: &StartConfig) -> Result<RuntimeConfig, AwaErro
     }
     if let Some(n) = cfg.cleanup_batch_size {
         rc.cleanup_batch = setting_count("cleanup_batch_size", n)?;
+    }
+    if let Some(days) = cfg.descriptor_retention_days {
+        let days = check_setting("descriptor_retention_days", days)?;
+        rc.descriptor_retention = (days > 0.0).then(|| Duration::from_secs_f64(days * 86_400.0));
     }
     Ok(rc)
 }

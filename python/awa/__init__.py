@@ -8,7 +8,7 @@ from __future__ import annotations
 import atexit as _atexit
 from importlib.metadata import version as _distribution_version
 
-from . import _awa
+from . import _awa, callback_contract
 from ._awa import (
     AwaError,
     CallbackNotFound,
@@ -87,6 +87,7 @@ __all__ = [
     "ValidationError",
     "WaitForCallback",
     "__version__",
+    "callback_contract",
     "current_migration_version",
     "derive_kind",
     "init_telemetry",

@@ -416,14 +416,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_callbacks(args: argparse.Namespace) -> int:
     from ._serve import ServeConfig, serve
 
-    secret_text = args.secret or os.environ.get("AWA_CALLBACK_SECRET") or ""
+    secret_text = (args.secret or os.environ.get("AWA_CALLBACK_SECRET")
+                   or os.environ.get("AWA_CALLBACK_HMAC_SECRET") or "")
     if not secret_text and not args.allow_unsigned:
         raise UsageError("callbacks serve needs --secret (or AWA_CALLBACK_SECRET) to check X-Awa-Signature, "
                          "or --allow-unsigned to accept unsigned callbacks")
+    secret = callback_secret(secret_text) if secret_text else None
     url = database_url(args)
     probe(url)
-    return serve(ServeConfig(url, args.host, args.port, callbacks_only=True,
-                             callback_secret=secret_text.encode() if secret_text else None))
+    return serve(ServeConfig(url, args.host, args.port, callbacks_only=True, callback_secret=secret))
+
+
+def callback_secret(text: str) -> bytes:
+    """The 32-byte key of ``X-Awa-Signature`` (awa.callback_contract): 64 hex characters, as
+    awa-pg's examples keep it (``bytes.fromhex(...)``), or exactly 32 bytes of text."""
+    if len(text) == 64:
+        try:
+            return bytes.fromhex(text)
+        except ValueError:
+            pass
+    raw = text.encode()
+    if len(raw) != 32:
+        raise UsageError(f"the callback secret must be 64 hex characters or 32 bytes (got {len(raw)} bytes)")
+    return raw
 
 
 # ----- the parser --------------------------------------------------------------------------
@@ -564,7 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
     cserve.add_argument("--host", default="127.0.0.1")
     cserve.add_argument("--port", type=_port, default=3001)
     cserve.add_argument("--secret", metavar="SECRET",
-                        help="HMAC-SHA256 key of X-Awa-Signature (default: $AWA_CALLBACK_SECRET)")
+                        help="the 32-byte key of X-Awa-Signature (BLAKE3 keyed hash, awa-pg's format): 64 hex "
+                             "characters or 32 bytes (default: $AWA_CALLBACK_SECRET, then $AWA_CALLBACK_HMAC_SECRET)")
     cserve.add_argument("--allow-unsigned", action="store_true", help="accept callbacks without a valid signature")
     cb.set_defaults(run=cmd_callbacks)
     return parser

@@ -189,6 +189,29 @@ def _shared_opts(
     }
 
 
+def _descriptor(subject: str, name: str, display_name: Optional[str], description: Optional[str],
+                owner: Optional[str], docs_url: Optional[str], tags: Optional[list[str]],
+                extra: Optional[Any]) -> dict[str, Any]:
+    """One descriptor declaration as the JSON the runtime reads, checked now by the engine's
+    own rules (``awa_core::storage::descriptors``) so a bad one fails where it is declared."""
+    if not isinstance(name, str):
+        raise TypeError(f"descriptor name must be a str, not {type(name).__name__}")
+    fields = {"display_name": display_name, "description": description, "owner": owner, "docs_url": docs_url}
+    for field, value in fields.items():
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{field} must be a str or None, not {type(value).__name__}")
+    tag_list = [] if tags is None else list(tags)
+    if isinstance(tags, str) or not all(isinstance(t, str) for t in tag_list):
+        raise TypeError("tags must be a list of str")
+    spec: dict[str, Any] = {**fields, "tags": tag_list, "extra": {} if extra is None else extra}
+    try:
+        text = json.dumps(spec, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"extra must be JSON-serializable: {exc}") from None
+    _awa.check_descriptor(subject, name, text)
+    return cast("dict[str, Any]", json.loads(text))
+
+
 def _one_stripe(count: Any) -> None:
     if isinstance(count, bool) or count != 1:
         raise _awa.ValidationError(
@@ -256,6 +279,8 @@ class AsyncClient:
         self._tasks: dict[str, TaskSpec] = {}
         self._pump: Optional[Pump] = None
         self._periodic: dict[str, str] = {}  # name -> registration JSON (see _cron.py)
+        # queue_descriptor / job_kind_descriptor declarations: "queue"/"kind" -> name -> fields
+        self._descriptors: dict[str, dict[str, dict[str, Any]]] = {"queue": {}, "kind": {}}
         self._started_queues: dict[str, Optional[int]] = {}  # health_check's queues: name -> max_workers
         self._shutting_down = False
         # Close the pool before the interpreter finalizes: native threads still holding
@@ -402,6 +427,48 @@ class AsyncClient:
         warnings.warn("client.worker() is deprecated, use client.task() instead", DeprecationWarning, stacklevel=2)
         return self.task(args_type, kind=kind, queue=queue)
 
+    # ----- descriptors (docs/operating.md, "Descriptors") -----------------------------------
+
+    def queue_descriptor(
+        self,
+        queue: str,
+        *,
+        display_name: Optional[str] = None,
+        description: Optional[str] = None,
+        owner: Optional[str] = None,
+        docs_url: Optional[str] = None,
+        tags: Optional[list[str]] = None,
+        extra: Optional[Any] = None,
+    ) -> None:
+        """Describe ``queue`` for the web UI and the ``/api/queues`` endpoints (awa-pg's
+        ``queue_descriptor``): a display name, what it is for, who owns it, a runbook link,
+        tags and any JSON ``extra``. Call before :meth:`start`, for a queue ``start()`` works
+        (another raises ``awa.ConfigError`` at ``start()``); a second call replaces the first.
+        ``start()`` writes it to ``awa.queue_descriptors`` and every heartbeat refreshes it.
+
+        Limits (awa-pg's): names, ``display_name`` and ``owner`` 200 characters,
+        ``description`` 2,000, ``docs_url`` 2,048, 20 tags; past one, or a NUL byte, raises
+        ``awa.ConfigError`` (a ``ValidationError`` and ``ValueError``) here."""
+        self._descriptors["queue"][queue] = _descriptor(
+            "queue", queue, display_name, description, owner, docs_url, tags, extra)
+
+    def job_kind_descriptor(
+        self,
+        kind: str,
+        *,
+        display_name: Optional[str] = None,
+        description: Optional[str] = None,
+        owner: Optional[str] = None,
+        docs_url: Optional[str] = None,
+        tags: Optional[list[str]] = None,
+        extra: Optional[Any] = None,
+    ) -> None:
+        """Describe a job kind (the string ``@client.task`` registers) for the web UI and
+        ``/api/kinds`` (awa-pg's ``job_kind_descriptor``); the same fields and limits as
+        :meth:`queue_descriptor`. Any kind may be described, handled here or not."""
+        self._descriptors["kind"][kind] = _descriptor(
+            "kind", kind, display_name, description, owner, docs_url, tags, extra)
+
     async def start(
         self,
         queues: Optional[Sequence[Any]] = None,
@@ -439,9 +506,14 @@ class AsyncClient:
         contradictory mode, or a ``@task`` queue the list leaves out raises ``awa.ConfigError``
         (a ``ValidationError`` and a ``ValueError``); a queue entry or ``rate_limit`` of the
         wrong shape raises ``TypeError``; a number out of range raises ``awa.ConfigError``
-        naming the field and its range. ``descriptor_retention_days`` and
-        ``terminal_count_rollup_interval_ms`` are checked and have no effect (Awa keeps no
-        descriptor catalog, and terminal counters belong to queue storage).
+        naming the field and its range. ``terminal_count_rollup_interval_ms`` is checked and
+        has no effect (terminal counters belong to queue storage).
+
+        ``descriptor_retention_days`` (default 30; ``0`` keeps them for good): how long a queue
+        or kind descriptor (:meth:`queue_descriptor`) may go without a refresh by any live
+        client before the maintenance leader deletes it from ``awa.queue_descriptors`` /
+        ``awa.job_kind_descriptors``. A queue descriptor for a queue this client does not work
+        raises ``awa.ConfigError``.
 
         ``batch_follow_ups`` (an addition to awa-pg's ``start()``; default ``True``): completions
         that insert follow-ups commit many per transaction with the rest of their batch; ``False``
@@ -475,6 +547,8 @@ class AsyncClient:
                 "completion_batch": completion_batch,
             },
         )
+        config["queue_descriptors"] = self._descriptors["queue"]
+        config["job_kind_descriptors"] = self._descriptors["kind"]
         if batch_follow_ups is not None:
             if not isinstance(batch_follow_ups, bool):
                 raise _awa.ConfigError(

@@ -76,6 +76,22 @@ def plain(value: Any) -> Any:
     return value
 
 
+#: What a queue or kind entry of the API says about its descriptor, named as awa-pg's admin API
+#: names them; the values when there is none.
+DESCRIPTOR_DEFAULTS: dict[str, Any] = {
+    "display_name": None, "description": None, "owner": None, "docs_url": None, "tags": [],
+    "extra": None, "descriptor_last_seen_at": None, "descriptor_stale": False,
+    "descriptor_mismatch": False,
+}
+
+
+def descriptor_fields(row: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """The API fields of one catalogue row (``storage::descriptors::DescriptorRow``)."""
+    if row is None:
+        return dict(DESCRIPTOR_DEFAULTS)
+    return {k: row.get(k, v) for k, v in DESCRIPTOR_DEFAULTS.items()}
+
+
 def check_state(state: Optional[str]) -> Optional[str]:
     if state is not None and state not in STATES:
         raise BadRequest(f"unknown state {state!r}; one of: {', '.join(STATES)}")
@@ -363,9 +379,24 @@ class Ops:
             e["paused"], e["dlq_enabled"] = bool(r["paused"]), bool(r["dlq_enabled"])
         for r in dlq:
             entry(r["queue"])["dlq_depth"] = int(r["n"])
-        for e in out.values():
+        described = await self.descriptors("queue")
+        for name in described:
+            if queue is None or name == queue:
+                entry(name)
+        for name, e in out.items():
             e["total"] = sum(e["counts"].values())
+            e.update(descriptor_fields(described.get(name)))
         return [out[k] for k in sorted(out)]
+
+    async def descriptors(self, subject: str) -> dict[str, dict[str, Any]]:
+        """The queue (``"queue"``) or kind (``"kind"``) descriptor catalogue by name; empty
+        on a schema without it (docs/operating.md, "Descriptors")."""
+        table = "awa.queue_descriptors" if subject == "queue" else "awa.job_kind_descriptors"
+        exists = await self.read(f"SELECT to_regclass('{table}') IS NOT NULL AS e")
+        if not exists[0]["e"]:
+            return {}
+        rows = json.loads(await self.native.list_descriptors(subject))
+        return {str(r["name"]): cast("dict[str, Any]", r) for r in rows}
 
     async def queues(self) -> list[dict[str, Any]]:
         return await self._queue_rows(None)
@@ -373,7 +404,7 @@ class Ops:
     async def queue(self, name: str) -> dict[str, Any]:
         rows = await self._queue_rows(name)
         if not rows:
-            raise NotFound(f"queue {name!r} not found (no jobs, settings or DLQ rows)")
+            raise NotFound(f"queue {name!r} not found (no jobs, settings, DLQ rows or descriptor)")
         return rows[0]
 
     async def pause_queue(self, name: str, paused: bool) -> dict[str, Any]:
@@ -383,14 +414,20 @@ class Ops:
     async def drain_queue(self, name: str) -> int:
         return int(json.loads(await self.native.drain_queue(name)))
 
-    async def kinds(self) -> list[str]:
-        """Distinct kinds by a loose scan of the kind index (one probe per kind)."""
+    async def kind_names(self) -> list[str]:
+        """Distinct kinds of ``awa.jobs`` by a loose scan of the kind index (one probe per kind)."""
         rows = await self.read(
             "WITH RECURSIVE k AS ((SELECT kind FROM awa.jobs ORDER BY kind LIMIT 1) UNION ALL "
             "SELECT (SELECT j.kind FROM awa.jobs j WHERE j.kind > k.kind ORDER BY j.kind LIMIT 1) "
             "FROM k WHERE k.kind IS NOT NULL) SELECT kind FROM k WHERE kind IS NOT NULL"
         )
         return [r["kind"] for r in rows]
+
+    async def kinds(self) -> list[dict[str, Any]]:
+        """Every kind with jobs or a descriptor, by name, each with its descriptor's fields."""
+        described = await self.descriptors("kind")
+        names = sorted(set(await self.kind_names()) | set(described))
+        return [{"kind": k, **descriptor_fields(described.get(k))} for k in names]
 
     # ----- runtime ----------------------------------------------------------------------
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import hmac
 import http.server
 import importlib.resources
@@ -32,7 +31,7 @@ import time
 import urllib.parse
 from typing import Any, Callable, Coroutine, Optional, TypeVar
 
-from . import _awa
+from . import _awa, callback_contract
 from ._metrics import render_metrics
 from ._ops import BadRequest, NotFound, Ops, check_int, check_state, ids_in
 
@@ -49,12 +48,13 @@ READ_ONLY_TTL = 5.0
 #: SQLSTATE read_only_sql_transaction.
 READ_ONLY_SQLSTATE = "25006"
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
-SIGNATURE_HEADER = "X-Awa-Signature"
+SIGNATURE_HEADER = callback_contract.SIGNATURE_HEADER
 
 
 def sign_callback(secret: bytes, callback_id: str) -> str:
-    """The ``X-Awa-Signature`` of a callback id: hex HMAC-SHA256 of the id under ``secret``."""
-    return hmac.new(secret, callback_id.encode(), hashlib.sha256).hexdigest()
+    """The ``X-Awa-Signature`` of a callback id (``awa.callback_contract.sign``: BLAKE3 keyed
+    hash under a 32-byte secret, awa-pg's format)."""
+    return callback_contract.sign(secret, callback_id)
 
 
 @dataclasses.dataclass
@@ -266,7 +266,7 @@ class App:
             secret = self.config.callback_secret
             if secret is not None:
                 given = req.headers.get(SIGNATURE_HEADER) or ""
-                if not hmac.compare_digest(given.strip().lower(), sign_callback(secret, callback_id)):
+                if not callback_contract.verify(secret, callback_id, given.strip()):
                     raise HttpError(401, f"missing or wrong {SIGNATURE_HEADER}")
             return self.call(self.ops.callback(action, callback_id, req.json_body()))
         return handle

@@ -184,8 +184,8 @@ RUNTIME_KEYWORDS = (
 COUNT_KEYWORDS = ("global_max_workers", "cleanup_batch_size", "claim_batch", "completion_batch")
 
 #: Keywords awa-pg 0.6.9 accepts that configure what Awa's canonical engine does not have
-#: (a descriptor catalog; queue storage's terminal counters): range-checked, then unused.
-ACCEPTED_WITHOUT_EFFECT = ("descriptor_retention_days", "terminal_count_rollup_interval_ms")
+#: (queue storage's terminal counters): range-checked, then unused.
+ACCEPTED_WITHOUT_EFFECT = ("terminal_count_rollup_interval_ms",)
 
 
 def _keyword(key: str, value: Any) -> float:
@@ -210,4 +210,8 @@ def start_config(
         if settings.get(key) is not None:
             _keyword(key, settings[key])
     parsed = queue_specs(queues, task_queues, counts.get("global_max_workers"))
-    return {"queues": parsed, "intervals": intervals, **counts}
+    out: dict[str, Any] = {"queues": parsed, "intervals": intervals, **counts}
+    if settings.get("descriptor_retention_days") is not None:
+        # Days; 0 keeps descriptors for good (awa-pg's meaning).
+        out["descriptor_retention_days"] = _keyword("descriptor_retention_days", settings["descriptor_retention_days"])
+    return out

@@ -136,6 +136,9 @@ pub struct RuntimeConfig {
     pub batch_follow_ups: bool,
     /// Run the maintenance leader election in this client.
     pub maintenance: bool,
+    /// How long a queue or kind descriptor may go unrefreshed before the maintenance leader
+    /// deletes it (`descriptor_retention_days`); `None` keeps them (awa-pg's `0`).
+    pub descriptor_retention: Option<Duration>,
 }
 
 impl Default for RuntimeConfig {
@@ -161,6 +164,8 @@ impl Default for RuntimeConfig {
             finalize_reconnect_budget: crate::finalizer::DEFAULT_RECONNECT_BUDGET,
             batch_follow_ups: true,
             maintenance: true,
+            // awa-pg's default: 30 days.
+            descriptor_retention: Some(Duration::from_secs(30 * 24 * 3600)),
         }
     }
 }
@@ -262,7 +267,7 @@ pub fn setting_range(field: &str) -> Option<SettingRange> {
             unit: "jobs per second",
             integral: false,
         },
-        // 0 disables descriptor retention in awa-pg; Awa keeps no descriptor catalog.
+        // 0 disables descriptor retention (as in awa-pg).
         "descriptor_retention_days" => SettingRange {
             min: 0.0,
             max: MAX_RETENTION_HOURS / 24.0,
@@ -338,6 +343,9 @@ impl RuntimeConfig {
             ("failed_retention_hours", self.failed_retention),
         ] {
             check_setting(field, d.as_secs_f64() / 3600.0)?;
+        }
+        if let Some(d) = self.descriptor_retention {
+            check_setting("descriptor_retention_days", d.as_secs_f64() / 86_400.0)?;
         }
         for (field, n) in [
             ("claim_batch", self.claim_batch),

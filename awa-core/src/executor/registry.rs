@@ -1,13 +1,15 @@
 //! This client's row in the runtime registry (`awa.runtime_instances`,
 //! docs/runtime-registry.md): registered when the runtime starts, refreshed every heartbeat
 //! interval and at once when maintenance leadership changes, deleted when the runtime shuts
-//! down cleanly. The SQL is in [`crate::storage::runtime_instances`].
+//! down cleanly. The SQL is in [`crate::storage::runtime_instances`]. The same refresh keeps
+//! this client's queue and kind descriptors alive (`crate::storage::descriptors`).
 //!
 //! The registry is observability, never a dependency: a failed write is logged and retried on
 //! the next refresh, and no job path waits on it.
 
 use crate::executor::config::QueueConfig;
 use crate::executor::context::CancelSignal;
+use crate::storage::descriptors::{self, Catalogue, Subject};
 use crate::storage::pool::Db;
 use crate::storage::runtime_instances::{self as store, Registration};
 use chrono::Utc;
@@ -64,6 +66,7 @@ fn queues_json(queues: &HashMap<String, QueueConfig>) -> serde_json::Value {
 pub(crate) fn registration(
     queues: &HashMap<String, QueueConfig>,
     interval: Duration,
+    catalogue: &Catalogue,
 ) -> Registration {
     Registration {
         hostname: hostname(),
@@ -71,13 +74,18 @@ pub(crate) fn registration(
         version: env!("CARGO_PKG_VERSION").to_string(),
         queues: queues_json(queues),
         interval,
+        queue_descriptor_hashes: catalogue.declared_hashes(Subject::Queue),
+        job_kind_descriptor_hashes: catalogue.declared_hashes(Subject::JobKind),
     }
 }
 
-/// Keep the row until `stop`, then delete it.
+/// Keep the row until `stop`, then delete it. Each refresh also refreshes this client's
+/// queue and kind descriptors (`storage::descriptors`), so the catalogue's `last_seen_at` says
+/// which of them a live client still works.
 pub(crate) async fn run(
     pool: Db,
     registration: Registration,
+    catalogue: Arc<Catalogue>,
     instance: Arc<Instance>,
     is_leader: Arc<AtomicBool>,
     stop: CancelSignal,
@@ -96,6 +104,11 @@ pub(crate) async fn run(
         };
         if let Err(e) = written {
             tracing::warn!(error = %e, "runtime registry update failed");
+        }
+        if !catalogue.is_empty() {
+            if let Err(e) = descriptors::sync(&pool, &catalogue, registration.interval).await {
+                tracing::warn!(error = %e, "descriptor refresh failed");
+            }
         }
         if !announced {
             announced = true;

@@ -55,6 +55,9 @@ pub(crate) struct Running {
     pub background: Vec<JoinHandle<()>>,
 }
 
+// One caller (`Client::start`), which hands over its fields one by one; a struct would only
+// repeat them.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn start(
     pool: Db,
     config: RuntimeConfig,
@@ -63,6 +66,7 @@ pub(crate) fn start(
     specs: Specs,
     state: StateMap,
     url: Option<String>,
+    catalogue: Arc<crate::storage::descriptors::Catalogue>,
 ) -> Result<Running, AwaError> {
     // Checked by `ClientBuilder::build` already; an error here is the same refusal.
     let overflow = crate::executor::pool::overflow_pool(config.global_max_workers, &queues)?;
@@ -129,7 +133,8 @@ pub(crate) fn start(
     ];
     background.push(tokio::spawn(super::registry::run(
         shared.pool.clone(),
-        super::registry::registration(&shared.queues, shared.config.heartbeat_interval),
+        super::registry::registration(&shared.queues, shared.config.heartbeat_interval, &catalogue),
+        catalogue,
         shared.instance.clone(),
         shared.is_leader.clone(),
         shared.stop_background.clone(),

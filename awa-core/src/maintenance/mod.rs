@@ -184,6 +184,14 @@ async fn lead(
                 Ok(_) => {}
                 Err(e) => tracing::debug!(error = %e, "batch operation prune failed"),
             }
+            // Descriptors no live client refreshed for descriptor_retention_days.
+            if let Some(retention) = config.descriptor_retention {
+                match crate::storage::descriptors::prune_stale(pool, retention).await {
+                    Ok(n) if n > 0 => tracing::info!(deleted = n, "pruned stale descriptors"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "descriptor prune failed"),
+                }
+            }
         }
         // Durable batch operations: a bounded slice of work per tick (docs/batch-operations.md).
         batch_ops::tick(pool, instance.id.get().map(String::as_str)).await;

@@ -121,7 +121,7 @@ fn check_text(field: &'static str, value: &str) -> Result<(), ValidationError> {
 /// Reject a NUL byte in any key or string value of a JSON document, and nesting deeper than
 /// [`MAX_JSON_DEPTH`]. The path of the offending value (`args.items[3].n`) is built only on
 /// the way out of a failure, so a valid document costs one walk and no allocation.
-fn check_json(field: &str, v: &Value) -> Result<(), ValidationError> {
+pub(crate) fn check_json(field: &str, v: &Value) -> Result<(), ValidationError> {
     let mut path = Vec::new();
     match walk_json(v, 1, &mut path) {
         Ok(()) => Ok(()),

@@ -54,6 +54,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
         10,
         include_str!("../../migrations/0010_batch_operations.sql"),
     ),
+    (11, include_str!("../../migrations/0011_descriptors.sql")),
 ];
 
 /// The first version with `awa.pending_steps`.

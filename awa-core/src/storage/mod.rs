@@ -6,6 +6,7 @@ pub mod batch_ops;
 pub mod callbacks;
 pub mod claim;
 pub mod copy;
+pub mod descriptors;
 pub mod dlq;
 pub mod foreign;
 pub mod insert;

@@ -27,6 +27,10 @@ pub(crate) struct Registration {
     /// `[{"name", "max_workers", "deadline_ms", "dlq"}, ...]`, sorted by name.
     pub queues: serde_json::Value,
     pub interval: Duration,
+    /// `{name: hash}` of the queue and job-kind descriptors this client declares
+    /// (`storage::descriptors`), so the API can flag live clients that disagree.
+    pub queue_descriptor_hashes: serde_json::Value,
+    pub job_kind_descriptor_hashes: serde_json::Value,
 }
 
 /// One row of the registry, as [`list`] reads it.
@@ -56,12 +60,18 @@ fn millis(d: Duration) -> i64 {
 const STALE_SQL: &str = "last_seen_at < now() - greatest(make_interval(secs => $1), \
      make_interval(secs => snapshot_interval_ms * $2 / 1000.0))";
 
+/// The opposite of [`STALE_SQL`] for a row aliased `r`, with its two parameters as `$2` and
+/// `$3` (the minimum and the interval count), for statements that bind something else first.
+pub(crate) const LIVE_SQL: &str = "r.last_seen_at >= now() - greatest(make_interval(secs => $2), \
+     make_interval(secs => r.snapshot_interval_ms * $3 / 1000.0))";
+
 /// Insert this client's row; returns its new instance id (a UUID made by PostgreSQL).
 pub(crate) async fn register(pool: &Db, r: &Registration, leader: bool) -> Result<String> {
     let id: String = sqlx::query_scalar(
         "INSERT INTO awa.runtime_instances
-             (hostname, pid, version, queues, leader, snapshot_interval_ms)
-         VALUES ($1, $2, $3, $4, $5, $6) RETURNING instance_id::text",
+             (hostname, pid, version, queues, leader, snapshot_interval_ms,
+              queue_descriptor_hashes, job_kind_descriptor_hashes)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING instance_id::text",
     )
     .bind(&r.hostname)
     .bind(r.pid)
@@ -69,6 +79,8 @@ pub(crate) async fn register(pool: &Db, r: &Registration, leader: bool) -> Resul
     .bind(&r.queues)
     .bind(leader)
     .bind(millis(r.interval))
+    .bind(&r.queue_descriptor_hashes)
+    .bind(&r.job_kind_descriptor_hashes)
     .fetch_one(pool)
     .await?;
     Ok(id)
@@ -86,8 +98,9 @@ pub(crate) async fn refresh(
 ) -> Result<()> {
     sqlx::query(
         "INSERT INTO awa.runtime_instances
-             (instance_id, hostname, pid, version, queues, leader, snapshot_interval_ms, started_at)
-         VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8)
+             (instance_id, hostname, pid, version, queues, leader, snapshot_interval_ms, started_at,
+              queue_descriptor_hashes, job_kind_descriptor_hashes)
+         VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10)
          ON CONFLICT (instance_id) DO UPDATE
              SET leader = excluded.leader, last_seen_at = now()",
     )
@@ -99,6 +112,8 @@ pub(crate) async fn refresh(
     .bind(leader)
     .bind(millis(r.interval))
     .bind(started_at)
+    .bind(&r.queue_descriptor_hashes)
+    .bind(&r.job_kind_descriptor_hashes)
     .execute(pool)
     .await?;
     Ok(())

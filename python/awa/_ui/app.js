@@ -182,11 +182,30 @@ async function pageJob(id) {
     <h2>Attempts</h2><ol class="timeline" id="attempts">${attempts}</ol>`;
 }
 
+// A descriptor's docs link, only for http(s) URLs (docs_url is free text: never a javascript: link).
+function docsLink(url) {
+  return /^https?:\/\//i.test(url || "") ? `<a class="docs" href="${esc(url)}" rel="noopener noreferrer" target="_blank">docs</a>` : "";
+}
+
+// What a queue's or kind's descriptor says (queue_descriptor / job_kind_descriptor), if anything.
+function describe(d) {
+  const parts = [
+    d.display_name ? `<strong class="display-name">${esc(d.display_name)}</strong>` : "",
+    d.description ? `<span class="description">${esc(d.description)}</span>` : "",
+    d.owner ? `<span class="owner">owner: ${esc(d.owner)}</span>` : "",
+    docsLink(d.docs_url),
+    (d.tags || []).map(t => `<span class="tag">${esc(t)}</span>`).join(" "),
+    d.descriptor_stale ? `<span class="flag" title="no live client refreshes this descriptor">stale</span>` : "",
+    d.descriptor_mismatch ? `<span class="flag" title="live clients declare different descriptors">mismatch</span>` : "",
+  ].filter(Boolean);
+  return parts.length ? `<div class="descriptor">${parts.join(" ")}</div>` : "";
+}
+
 function queueTable(queues, actions) {
   if (!queues.length) return `<p class="empty">No queues.</p>`;
   const cols = ["available", "running", "scheduled", "retryable", "waiting_external", "failed", "completed", "cancelled"];
   const rows = queues.map(q => `<tr data-queue="${esc(q.queue)}"><td><a href="#/jobs?queue=${encodeURIComponent(q.queue)}">${esc(q.queue)}</a>
-      ${q.paused ? '<span class="state state-paused">paused</span>' : ""}</td>
+      ${q.paused ? '<span class="state state-paused">paused</span>' : ""}${describe(q)}</td>
       ${cols.map(c => `<td class="num">${q.counts[c]}</td>`).join("")}<td class="num">${fmtLag(q.lag_seconds)}</td><td class="num">${q.dlq_depth}</td>
       ${actions ? `<td>${q.paused ? button("resume", "Resume", { queue: q.queue }) : button("pause", "Pause", { queue: q.queue })}
         ${button("drain", "Drain", { queue: q.queue }, true)}</td>` : ""}</tr>`).join("");
@@ -196,6 +215,13 @@ function queueTable(queues, actions) {
 
 async function pageQueues() {
   return `<h1>Queues</h1>${queueTable(await api("GET", "/api/queues"), true)}`;
+}
+
+async function pageKinds() {
+  const kinds = await api("GET", "/api/kinds");
+  if (!kinds.length) return `<h1>Kinds</h1><p class="empty">No kinds.</p>`;
+  const rows = kinds.map(k => `<tr data-kind="${esc(k.kind)}"><td><a href="#/jobs?kind=${encodeURIComponent(k.kind)}">${esc(k.kind)}</a>${describe(k)}</td></tr>`).join("");
+  return `<h1>Kinds</h1><table class="kinds"><thead><tr><th>Kind</th></tr></thead><tbody>${rows}</tbody></table>`;
 }
 
 async function pageCron() {
@@ -321,7 +347,7 @@ app.addEventListener("submit", event => {
 
 // ----- the shell ---------------------------------------------------------------------------
 
-const NAV = [["#/", "Dashboard"], ["#/jobs", "Jobs"], ["#/queues", "Queues"], ["#/cron", "Cron"], ["#/dlq", "DLQ"], ["#/runtime", "Runtime"]];
+const NAV = [["#/", "Dashboard"], ["#/jobs", "Jobs"], ["#/queues", "Queues"], ["#/kinds", "Kinds"], ["#/cron", "Cron"], ["#/dlq", "DLQ"], ["#/runtime", "Runtime"]];
 
 function shell(content) {
   const current = "#" + route().path;
@@ -349,6 +375,7 @@ async function render() {
     else if (path === "/jobs") content = await pageJobs(params);
     else if (job) content = await pageJob(job[1]);
     else if (path === "/queues") content = await pageQueues();
+    else if (path === "/kinds") content = await pageKinds();
     else if (path === "/cron") content = await pageCron();
     else if (path === "/dlq") content = await pageDlq(params);
     else if (path === "/runtime") content = await pageRuntime();
