@@ -1,13 +1,14 @@
 //! Conversions between Python values, SQL parameters and result rows.
 
-use chrono::{DateTime, NaiveDateTime, Utc};
+use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Utc};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString};
 use pyo3::IntoPyObjectExt;
 use serde_json::Value;
+use sqlx::postgres::PgTypeKind;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
-use sqlx::{Column, Postgres, Row, TypeInfo};
+use sqlx::{Column, Postgres, Row, TypeInfo, ValueRef};
 
 /// A Python argument of `Transaction.execute/fetch_*`, extracted while the GIL is held.
 pub enum Param {
@@ -94,6 +95,12 @@ pub enum Cell {
     Naive(NaiveDateTime),
     TextArray(Vec<String>),
     IntArray(Vec<i64>),
+    BoolArray(Vec<bool>),
+    FloatArray(Vec<f64>),
+    Date(NaiveDate),
+    Time(NaiveTime),
+    /// A NUMERIC in its exact decimal text, made a `decimal.Decimal` in Python.
+    Numeric(String),
 }
 
 /// Decode a result row without the GIL.
@@ -103,8 +110,15 @@ pub fn decode_row(row: &PgRow) -> Result<Vec<(String, Cell)>, String> {
         let i = col.ordinal();
         let name = col.name().to_string();
         let ty = col.type_info().name().to_string();
-        let cell = decode_cell(row, i, &ty)
-            .map_err(|e| format!("column {name:?} ({ty}): {e}; cast it to text in the query"))?;
+        let is_enum = matches!(col.type_info().kind(), PgTypeKind::Enum(_));
+        let cell = if is_enum {
+            decode_raw(row, i, |b| {
+                Ok(Cell::Text(String::from_utf8_lossy(b).into_owned()))
+            })
+        } else {
+            decode_cell(row, i, &ty)
+        }
+        .map_err(|e| format!("column {name:?} ({ty}): {e}; cast it to text in the query"))?;
         out.push((name, cell));
     }
     Ok(out)
@@ -134,6 +148,13 @@ fn decode_cell(row: &PgRow, i: usize, ty: &str) -> Result<Cell, sqlx::Error> {
         "INT4[]" => opt(row.try_get::<Option<Vec<i32>>, _>(i)?, |v| {
             Cell::IntArray(v.into_iter().map(i64::from).collect())
         }),
+        "BOOL[]" => opt(row.try_get::<Option<Vec<bool>>, _>(i)?, Cell::BoolArray),
+        "FLOAT8[]" => opt(row.try_get::<Option<Vec<f64>>, _>(i)?, Cell::FloatArray),
+        "DATE" => opt(row.try_get::<Option<NaiveDate>, _>(i)?, Cell::Date),
+        "TIME" => opt(row.try_get::<Option<NaiveTime>, _>(i)?, Cell::Time),
+        // Awa's own ids (callback ids, runtime instances, batch operations) are UUIDs.
+        "UUID" => decode_raw(row, i, uuid_text)?,
+        "NUMERIC" => decode_raw(row, i, numeric_text)?,
         "VOID" => Cell::Null,
         other => {
             return Err(sqlx::Error::Decode(
@@ -141,6 +162,97 @@ fn decode_cell(row: &PgRow, i: usize, ty: &str) -> Result<Cell, sqlx::Error> {
             ))
         }
     })
+}
+
+/// A column read from its binary wire form (types sqlx decodes only behind features we do not
+/// build: UUID, NUMERIC, enums); NULL stays NULL.
+fn decode_raw(
+    row: &PgRow,
+    i: usize,
+    f: impl FnOnce(&[u8]) -> Result<Cell, sqlx::Error>,
+) -> Result<Cell, sqlx::Error> {
+    let raw = row.try_get_raw(i)?;
+    if raw.is_null() {
+        return Ok(Cell::Null);
+    }
+    let bytes = raw
+        .as_bytes()
+        .map_err(|e| sqlx::Error::Decode(format!("not readable: {e}").into()))?;
+    f(bytes)
+}
+
+fn bad(what: &str) -> sqlx::Error {
+    sqlx::Error::Decode(format!("malformed {what} value").into())
+}
+
+/// A UUID's 16 bytes as its canonical lower-case text (`8-4-4-4-12`).
+fn uuid_text(b: &[u8]) -> Result<Cell, sqlx::Error> {
+    if b.len() != 16 {
+        return Err(bad("uuid"));
+    }
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    Ok(Cell::Text(format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )))
+}
+
+/// A NUMERIC's binary form (digit count, weight, sign, display scale, then base-10000
+/// digits, all big-endian 16-bit) as exact decimal text: nothing is rounded through a float.
+fn numeric_text(b: &[u8]) -> Result<Cell, sqlx::Error> {
+    let word = |k: usize| -> Result<u16, sqlx::Error> {
+        b.get(2 * k..2 * k + 2)
+            .map(|w| u16::from_be_bytes([w[0], w[1]]))
+            .ok_or_else(|| bad("numeric"))
+    };
+    let ndigits = usize::from(word(0)?);
+    let weight = i64::from(word(1)? as i16);
+    let sign = word(2)?;
+    let dscale = usize::from(word(3)?);
+    match sign {
+        0xC000 => return Ok(Cell::Numeric("NaN".into())),
+        0xD000 => return Ok(Cell::Numeric("Infinity".into())),
+        0xF000 => return Ok(Cell::Numeric("-Infinity".into())),
+        0x0000 | 0x4000 => {}
+        _ => return Err(bad("numeric")),
+    }
+    let digits = (0..ndigits)
+        .map(|k| word(4 + k))
+        .collect::<Result<Vec<u16>, _>>()?;
+    // Group i stands for digits[i] * 10000^(weight - i).
+    let group = |i: i64| -> u16 {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| digits.get(i).copied())
+            .unwrap_or(0)
+    };
+    let mut text = String::new();
+    if sign == 0x4000 {
+        text.push('-');
+    }
+    if weight < 0 {
+        text.push('0');
+    } else {
+        text.push_str(&group(0).to_string());
+        for i in 1..=weight {
+            text.push_str(&format!("{:04}", group(i)));
+        }
+    }
+    if dscale > 0 {
+        let mut frac = String::new();
+        let groups = i64::try_from(dscale.div_ceil(4)).map_err(|_| bad("numeric"))?;
+        for e in 1..=groups {
+            frac.push_str(&format!("{:04}", group(weight + e)));
+        }
+        frac.truncate(dscale);
+        text.push('.');
+        text.push_str(&frac);
+    }
+    Ok(Cell::Numeric(text))
 }
 
 /// Convert a JSON value into Python objects.
@@ -189,6 +301,15 @@ impl Cell {
             Cell::Naive(t) => t.into_py_any(py)?,
             Cell::TextArray(v) => v.into_py_any(py)?,
             Cell::IntArray(v) => v.into_py_any(py)?,
+            Cell::BoolArray(v) => v.into_py_any(py)?,
+            Cell::FloatArray(v) => v.into_py_any(py)?,
+            Cell::Date(d) => d.into_py_any(py)?,
+            Cell::Time(t) => t.into_py_any(py)?,
+            Cell::Numeric(text) => py
+                .import("decimal")?
+                .getattr("Decimal")?
+                .call1((text,))?
+                .unbind(),
         })
     }
 }

@@ -504,7 +504,7 @@ OUT_OF_SCOPE: list[tuple[str, str]] = [
 def out_of_scope(row: Row) -> str | None:
     if row.status not in ("missing", "incompatible"):
         return None
-    if row.path == "awa.AsyncClient.start" and any("queue_storage" not in p for p in row.detail.split("; ") if p):
+    if row.path == "awa.AsyncClient.start" and any("storage" not in p for p in row.detail.split("; ") if p):
         return None  # only the queue_storage_* keywords are excused
     return next((why for pattern, why in OUT_OF_SCOPE if fnmatch.fnmatchcase(row.path, pattern)), None)
 
