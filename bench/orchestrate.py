@@ -48,7 +48,7 @@ QUICK_SIZES = {"enqueue_single": 200, "enqueue_bulk_count": 2000, "enqueue_bulk_
 # claim is sent while the previous batch's completion is in flight). The best point is the floor.
 # (256x8p and 1024-job claims were dropped after fded288's run: every one was below 3,700/s,
 # a quarter of the best point, and they cost ~40 s a round.)
-FULL_FLOOR_SWEEP = "32x2,32x2p,64x2p,64x4p,128x2p,128x4p,256x2p,256x4p,512x4p"
+FULL_FLOOR_SWEEP = "32x2,32x2p,64x2p,64x4p,128x2p,128x4p,256x2p,256x4p,512x4p,32x2d,64x2d,128x2d"
 QUICK_FLOOR_SWEEP = "32x2,64x2p,256x4p"
 
 PY_WORKLOADS = ["enqueue_single", "enqueue_bulk_count", "enqueue_bulk_jobs", "drain", "latency", "staging"]
@@ -785,7 +785,7 @@ def main() -> None:
     p.add_argument("--poll-ms", type=int, default=50)
     p.add_argument("--interval-ms", type=float, default=20.0)
     p.add_argument("--floor-sweep", default=None,
-                   help=f"floor points BxK[p], comma separated (default {FULL_FLOOR_SWEEP}; quick {QUICK_FLOOR_SWEEP})")
+                   help=f"floor points BxK[p|d], comma separated (default {FULL_FLOOR_SWEEP}; quick {QUICK_FLOOR_SWEEP})")
     for w in WORKLOADS:
         p.add_argument(f"--{w.replace('_', '-')}-jobs", type=int, default=None, dest=f"n_{w}")
     p.add_argument("--rust-bin", default=os.path.join(os.path.expanduser("~"), ".cache", "awa-target-bench", "release", "awa-bench"))
