@@ -340,11 +340,16 @@ METRICS: list[tuple[str, str, str, str]] = [
     ("latency", "p50_ms", "idle pickup p50 (insert call to handler start)", "ms"),
     ("latency", "p99_ms", "idle pickup p99", "ms"),
     ("latency", "from_commit_p50_ms", "idle pickup p50 from insert commit", "ms"),
+    ("latency", "insert_call_p50_ms", "idle insert call p50 (call to its commit returning)", "ms"),
     ("staging", "jobs_per_s", "drain, each job stages one unique follow-up", "jobs/s"),
     ("drain", "db.commits_per_job", "commits per completed job (drain)", "commits"),
+    ("drain", "engine.claims_per_job", "of which claim statements (ours: engine counters)", "commits"),
+    ("drain", "engine.completion_batches_per_job", "of which batched completions (ours: engine counters)", "commits"),
     ("drain", "db.wal_bytes_per_job", "WAL bytes per completed job (drain)", "bytes"),
     ("drain", "db.dead_tuples", "dead tuples left after the drain", "tuples"),
     ("staging", "db.commits_per_job", "commits per job (staging drain)", "commits"),
+    ("staging", "engine.claims_per_job", "of which claim statements (staging; engine counters)", "commits"),
+    ("staging", "engine.completion_batches_per_job", "of which batched completions (staging; engine counters)", "commits"),
     ("staging", "db.wal_bytes_per_job", "WAL bytes per job (staging drain)", "bytes"),
     ("enqueue_single", "cpu.client_us_per_job", "client CPU per single insert", "µs"),
     ("enqueue_single", "cpu.server_us_per_job", "PostgreSQL CPU per single insert", "µs"),
@@ -479,6 +484,27 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 parts.append(f"{system}: client {c:,.0f} µs" + (f", server {srv:,.0f} µs" if srv is not None else ""))
         return ("CPU per job: " + "; ".join(parts)) if parts else ""
 
+    def pickup_split() -> str:
+        """Where the idle pickup time goes: the insert call itself, then commit to handler start."""
+        call, after = m("latency.insert_call_p50_ms", "awa"), m("latency.from_commit_p50_ms", "awa")
+        if call is None or after is None:
+            return ""
+        peer = m("latency.insert_call_p50_ms", "pgqueuer")
+        return (f"insert call {call:.1f} ms (its round trip and commit), then {after:.1f} ms from commit to handler start"
+                + (f"; pgqueuer's insert call {peer:.1f} ms" if peer is not None else ""))
+
+    def commit_split(workload: str, system: str) -> str:
+        """Where the commits go: claim statements, batched completions, the rest (heartbeats,
+        listener wake-ups, maintenance, per-job finalizations)."""
+        total = m(f"{workload}.db.commits_per_job", system)
+        claims = m(f"{workload}.engine.claims_per_job", system)
+        batches = m(f"{workload}.engine.completion_batches_per_job", system)
+        if total is None or claims is None or batches is None:
+            return ""
+        return (f"claims {claims:.3f} (≈{1 / claims:.0f} jobs each), batched completions {batches:.3f} "
+                f"(≈{1 / batches:.0f} each), the rest {max(total - claims - batches, 0):.3f}"
+                if claims and batches else f"claims {claims:.3f}, batched completions {batches:.3f}")
+
     d_pg = m("drain.jobs_per_s", "awa-pg")
     ceiling = (f"8× awa-pg is {8 * d_pg:,.0f} jobs/s, the floor (our SQL alone, no runtime) {floor:,.0f}"
                if d_pg and floor else "")
@@ -489,12 +515,17 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
     add(17, "single inserts (one commit each) vs pgqueuer",
         ratio(m("enqueue_single.jobs_per_s", "awa"), m("enqueue_single.jobs_per_s", "pgqueuer")), 1.0, "{:.2f}×",
         detail=cpu("enqueue_single", "awa", "pgqueuer"))
-    add(17, "idle pickup p50 (Python)", m("latency.p50_ms", "awa"), 2.0, "{:.1f} ms", le=True)
+    add(17, "idle pickup p50 (Python)", m("latency.p50_ms", "awa"), 2.0, "{:.1f} ms", le=True,
+        detail=pickup_split())
     add(17, "idle pickup p99 (Python)", m("latency.p99_ms", "awa"), 10.0, "{:.1f} ms", le=True)
-    add(17, "commits per plain completed job (Python drain)", m("drain.db.commits_per_job", "awa"), 0.03, "{:.3f}", le=True)
-    add(17, "commits per plain completed job (Rust drain)", m("drain.db.commits_per_job", "awa-rust"), 0.03, "{:.3f}", le=True)
-    add(17, "commits per staging job (Python)", m("staging.db.commits_per_job", "awa"), 0.10, "{:.3f}", le=True)
-    add(17, "commits per staging job (Rust)", m("staging.db.commits_per_job", "awa-rust"), 0.10, "{:.3f}", le=True)
+    add(17, "commits per plain completed job (Python drain)", m("drain.db.commits_per_job", "awa"), 0.03, "{:.3f}",
+        le=True, detail=commit_split("drain", "awa"))
+    add(17, "commits per plain completed job (Rust drain)", m("drain.db.commits_per_job", "awa-rust"), 0.03, "{:.3f}",
+        le=True, detail=commit_split("drain", "awa-rust"))
+    add(17, "commits per staging job (Python)", m("staging.db.commits_per_job", "awa"), 0.10, "{:.3f}", le=True,
+        detail=commit_split("staging", "awa"))
+    add(17, "commits per staging job (Rust)", m("staging.db.commits_per_job", "awa-rust"), 0.10, "{:.3f}", le=True,
+        detail=commit_split("staging", "awa-rust"))
     for system, label in (("awa", "Python"), ("awa-rust", "Rust")):
         detail, ok = once_detail(system)
         add(17, f"staging drain vs plain drain ({label}), every follow-up exactly once",

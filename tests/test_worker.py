@@ -11,6 +11,7 @@ import pydantic
 import pytest
 
 import awa
+from awa._metrics import render_counters
 from helpers import FAST, wait_for, wait_for_state
 
 
@@ -152,6 +153,34 @@ async def test_handlers_run_concurrently(client: awa.AsyncClient) -> None:
     finally:
         await client.shutdown(timeout_ms=5000)
     assert peak == 20
+
+
+async def test_claims_and_batched_completions_are_counted(client: awa.AsyncClient) -> None:
+    """The two statements most commits of a drain come from: claim statements and batched
+    completions, one commit each (the benchmark splits commits per job with them)."""
+    done = 0
+
+    @client.task(Work)
+    async def handle(job: awa.Job) -> None:
+        nonlocal done
+        done += 1
+
+    before = client.metrics()
+    await client.insert_many([Work(mode="noop", n=i) for i in range(50)])
+    await client.start([("default", 8)], **FAST)
+    try:
+        await wait_for(lambda: done >= 50, what="50 jobs handled")
+    finally:
+        await client.shutdown(timeout_ms=5000)
+    after = client.metrics()
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    assert delta["JOBS_COMPLETED_BATCHED"] == 50
+    assert 1 <= delta["COMPLETION_BATCHES"] <= 50
+    # Each claim statement takes at most 8 + 8 jobs (free slots plus claim-ahead).
+    assert 50 / 16 <= delta["CLAIM_STATEMENTS"] and delta["JOBS_CLAIMED"] == 50
+    exposed = "\n".join(render_counters(after))
+    assert f"awa_claim_statements_total {after['CLAIM_STATEMENTS']}" in exposed
+    assert f"awa_completion_batches_total {after['COMPLETION_BATCHES']}" in exposed
 
 
 async def test_cancel_reaches_a_running_handler(client: awa.AsyncClient) -> None:

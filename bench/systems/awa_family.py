@@ -210,11 +210,14 @@ async def _drain(flavour: Flavour, args: Any, staging: bool) -> dict[str, Any]:
         await tx.commit()
         return int(row["n"])
 
+    counters = getattr(client, "metrics", None) if flavour.name == "awa" else None
+    before = counters() if counters else {}
     t0 = time.perf_counter()
     await client.start(flavour.queues(args.workers), poll_interval_ms=args.poll_ms)
     polls = await wait_drained(handled, args.jobs, pending, args.timeout_s)
     seconds = time.perf_counter() - t0
     await client.shutdown()
+    after = counters() if counters else {}
     await client.close()
     out: dict[str, Any] = {
         "jobs": args.jobs,
@@ -228,6 +231,16 @@ async def _drain(flavour: Flavour, args: Any, staging: bool) -> dict[str, Any]:
     }
     if staging:
         out["staging_api"] = flavour.staging_note
+    if counters:
+        # Where the commits go (ours only): claim statements and batched completions, one commit each.
+        def per_job(name: str) -> float:
+            return (after.get(name, 0) - before.get(name, 0)) / max(args.jobs, 1)
+
+        out["engine"] = {
+            "claims_per_job": per_job("CLAIM_STATEMENTS"),
+            "completion_batches_per_job": per_job("COMPLETION_BATCHES"),
+            "per_job_finalizations_per_job": per_job("JOBS_FINALIZED_PER_JOB"),
+        }
     return out
 
 

@@ -36,6 +36,8 @@ COUNTERS = {
     "JOBS_CLAIMED_AHEAD": ("awa_jobs_claimed_ahead_total", "Claimed jobs that waited in a dispatcher buffer."),
     "JOBS_RELEASED": ("awa_jobs_released_total", "Claimed-ahead jobs given back unstarted."),
     "JOBS_COMPLETED_BATCHED": ("awa_jobs_completed_batched_total", "Completions applied on the batched path."),
+    "CLAIM_STATEMENTS": ("awa_claim_statements_total", "Claim statements run (one commit each)."),
+    "COMPLETION_BATCHES": ("awa_completion_batches_total", "Batched completions committed (one commit each)."),
     "JOBS_FINALIZED_PER_JOB": ("awa_jobs_finalized_per_job_total", "Finalizations committed on the per-job path."),
     "FINALIZE_STALE": ("awa_finalize_stale_total", "Finalizations whose lease guard matched no row (stale)."),
     "FINALIZE_RETRIES": ("awa_finalize_retries_total", "Finalizations retried after a transient error."),

@@ -442,6 +442,7 @@ impl Dispatcher {
                 return;
             }
         };
+        metrics::add(&metrics::CLAIM_STATEMENTS, 1);
         self.pace.claim.record(sent.elapsed());
         let n = jobs.len();
         self.backlog = n == wanted;

@@ -88,6 +88,7 @@ pub async fn complete_batch_with(
         });
         let e = match result {
             Ok(done) => {
+                metrics::add(&metrics::COMPLETION_BATCHES, 1);
                 metrics::add(&metrics::JOBS_COMPLETED_BATCHED, done.len() as u64);
                 let stale = ids.len() - done.len();
                 if stale > 0 {
@@ -279,6 +280,7 @@ async fn try_members(
 /// Count what a committed batch did; the stale members' follow-ups were discarded (unless a
 /// retry after a lost acknowledgement found its own commit).
 fn settle_members(members: &[Member<'_>], done: &[(i64, i64)], first_try: bool) {
+    metrics::add(&metrics::COMPLETION_BATCHES, 1);
     metrics::add(&metrics::JOBS_COMPLETED_BATCHED, done.len() as u64);
     let matched: HashSet<&(i64, i64)> = done.iter().collect();
     for m in members {

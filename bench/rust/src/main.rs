@@ -227,6 +227,7 @@ async fn drain(o: &Opts, staging: bool) -> Result<Value, AnyError> {
             })
             .build()?
     };
+    let before = engine_counters();
     let t0 = Instant::now();
     client.start().await?;
     let (polls, monitor) = wait_drained(&o.url, &handled, o.jobs, Duration::from_secs(900)).await?;
@@ -234,7 +235,17 @@ async fn drain(o: &Opts, staging: bool) -> Result<Value, AnyError> {
     client.shutdown(Duration::from_secs(5)).await;
     pool.close().await;
     monitor.close().await?;
+    let after = engine_counters();
+    let per_job = |name: &str| {
+        let d = after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+        d as f64 / o.jobs.max(1) as f64
+    };
     Ok(json!({
+        "engine": {
+            "claims_per_job": per_job("CLAIM_STATEMENTS"),
+            "completion_batches_per_job": per_job("COMPLETION_BATCHES"),
+            "per_job_finalizations_per_job": per_job("JOBS_FINALIZED_PER_JOB"),
+        },
         "jobs": o.jobs,
         "workers": o.workers,
         "seconds": seconds,
@@ -243,6 +254,15 @@ async fn drain(o: &Opts, staging: bool) -> Result<Value, AnyError> {
         "settings": format!("QueueConfig::new({}), RuntimeConfig {{ poll_interval: {} ms, ..default }}, pool {} connections",
             o.workers, o.poll_ms, o.pool_size),
     }))
+}
+
+/// The engine's process-wide counters by name (claims and completion commits: where the
+/// commits per job go).
+fn engine_counters() -> std::collections::HashMap<&'static str, i64> {
+    awa_core::metrics::snapshot()
+        .into_iter()
+        .map(|(k, v)| (k, i64::try_from(v).unwrap_or(i64::MAX)))
+        .collect()
 }
 
 /// The verify phase of `drain`, `staging` and `floor`.
