@@ -515,8 +515,8 @@ impl fmt::Debug for Action {
 // The model.
 
 /// The TLA+ constants. [`AwaQueueRotation::new`] uses the values of the `.cfg`
-/// files: `Jobs = {1, 2}`, `QueueSlots = 3`, `LeaseSlots = 2`,
-/// `MaxAttempts = 2`, `MaxSeq = 5`.
+/// files: `Jobs = {1, 2}`, `QueueSlots = 2`, `LeaseSlots = 2`,
+/// `MaxAttempts = 2`, `MaxSeq = 3`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AwaQueueRotation {
     pub jobs: u8,
@@ -847,6 +847,8 @@ impl AwaQueueRotation {
         }
         let mut n = s.clone();
         n.ldirty.remove(&ls);
+        // TRUNCATE: no open lease is in the slot under the guard.
+        n.leases = s.leases.iter().copied().filter(|l| l.lslot != ls).collect();
         n.events.insert(Event::LeaseReclaimed);
         Some(n)
     }

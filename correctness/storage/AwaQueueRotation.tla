@@ -387,14 +387,17 @@ FinishReclaim(s) ==
     /\ UNCHANGED <<qcur, lcur, ldirty, nextSeq, cursor, pending, leases, deferred, zombies,
                    inserted, done, claimed, dupClaim, staleCompletion, events>>
 
-\* Truncate lease slot ls (not the current one) once no open lease is in it.
+\* Truncate lease slot ls (not the current one) once no open lease is in it. The
+\* TRUNCATE removes every row of the slot; under the guard no open lease is among
+\* them, and the leases clause says what it would remove without it.
 ReclaimLease(ls) ==
     /\ ls # lcur
     /\ ls \in ldirty
     /\ \A l \in leases : l.lslot # ls
     /\ ldirty' = ldirty \ {ls}
+    /\ leases' = {l \in leases : l.lslot # ls}
     /\ events' = events \cup {"leaseReclaimed"}
-    /\ UNCHANGED <<qcur, qgen, lcur, nextSeq, cursor, pending, entries, consumed, leases,
+    /\ UNCHANGED <<qcur, qgen, lcur, nextSeq, cursor, pending, entries, consumed,
                    receipts, deferred, zombies, moving, inserted, done, claimed, dupClaim,
                    staleCompletion>>
 
