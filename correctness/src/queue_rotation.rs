@@ -976,3 +976,156 @@ impl Model for AwaQueueRotation {
         ]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model() -> AwaQueueRotation {
+        AwaQueueRotation::new(Variant::Correct)
+    }
+
+    fn run(model: &AwaQueueRotation, actions: &[Action]) -> State {
+        let mut s = model.init_states().remove(0);
+        for &action in actions {
+            s = model
+                .next_state(&s, action)
+                .unwrap_or_else(|| panic!("{action:?} is not enabled in {s:?}"));
+        }
+        s
+    }
+
+    fn entry(job: u8, slot: u8, gen: u8, seq: u8, k: u8) -> Entry {
+        Entry {
+            job,
+            slot,
+            gen,
+            seq,
+            k,
+        }
+    }
+
+    #[test]
+    fn initial_state_satisfies_every_invariant() {
+        let s = model().init_states().remove(0);
+        assert!(s.nothing_lost());
+        assert!(s.one_claim_per_lease());
+        assert!(s.lease_has_entry());
+        assert!(s.cursor_never_passes_work());
+        assert!(s.only_open_lease_completes());
+        assert!(s.one_place_per_job());
+        assert!(model().quiescent(&s) && model().can_step(&s));
+    }
+
+    #[test]
+    fn reclaim_carries_a_running_entry_and_moves_its_lease() {
+        let m = model();
+        let s = run(
+            &m,
+            &[
+                Action::BeginAppend { job: 1 },
+                Action::CommitAppend {
+                    p: entry(1, 0, 0, 0, 1),
+                },
+                Action::Claim,
+                Action::RotateQueue,
+                Action::ReclaimQueue { s: 0 },
+            ],
+        );
+        assert_eq!(s.qgen[0], 1);
+        assert_eq!(s.entries, [entry(1, 1, 0, 1, 1)].into_iter().collect());
+        assert_eq!(s.consumed, [1].into_iter().collect());
+        let lease = *s.leases.iter().next().expect("the lease stays open");
+        assert_eq!((lease.slot, lease.gen, lease.seq), (1, 0, 1));
+        assert!(s.lease_has_entry() && s.one_place_per_job());
+        assert!(s.happened(Event::CarryRunning) && !s.happened(Event::CarryUnconsumed));
+    }
+
+    #[test]
+    fn a_zombie_completion_is_rejected_under_the_lease_guard() {
+        let m = model();
+        let before = run(
+            &m,
+            &[
+                Action::BeginAppend { job: 1 },
+                Action::CommitAppend {
+                    p: entry(1, 0, 0, 0, 1),
+                },
+                Action::Claim,
+            ],
+        );
+        let l = *before.leases.iter().next().expect("open lease");
+        let s = m.next_state(&before, Action::Rescue { l }).expect("rescue");
+        let s = m
+            .next_state(
+                &s,
+                Action::Promote {
+                    d: JobLease { job: 1, k: 2 },
+                },
+            )
+            .expect("promote");
+        let s = m.next_state(&s, Action::Claim).expect("claim lease 2");
+        let z = JobLease { job: 1, k: 1 };
+        let successor = *s.leases.iter().next().expect("lease 2");
+        assert!(m
+            .next_state(
+                &s,
+                Action::ZombieComplete {
+                    z,
+                    lease: Some(successor)
+                }
+            )
+            .is_none());
+        let rejected = m
+            .next_state(&s, Action::ZombieComplete { z, lease: None })
+            .expect("rejected");
+        assert_eq!(rejected.leases, s.leases);
+        assert!(rejected.happened(Event::ZombieRejected) && rejected.only_open_lease_completes());
+
+        let unguarded = AwaQueueRotation::new(Variant::CompleteWithoutLeaseGuard);
+        let stale = unguarded
+            .next_state(
+                &s,
+                Action::ZombieComplete {
+                    z,
+                    lease: Some(successor),
+                },
+            )
+            .expect("the unguarded completion deletes lease 2");
+        assert!(!stale.only_open_lease_completes() && stale.nothing_lost());
+    }
+
+    #[test]
+    fn action_names_match_the_list() {
+        let m = AwaQueueRotation::new(Variant::CarryForwardInTwoSteps);
+        let mut s = m.init_states().remove(0);
+        s.pending.insert(entry(2, 0, 0, 1, 1));
+        s.leases.insert(Lease {
+            job: 1,
+            k: 1,
+            lslot: 0,
+            slot: 0,
+            gen: 0,
+            seq: 0,
+        });
+        s.deferred.insert(JobLease { job: 2, k: 2 });
+        s.zombies.insert(JobLease { job: 1, k: 1 });
+        let mut actions = Vec::new();
+        m.actions(&s, &mut actions);
+        let names: Set<&str> = actions.iter().map(Action::name).collect();
+        assert_eq!(names, ACTIONS.into_iter().collect());
+        assert_eq!(
+            format!(
+                "{:?}",
+                Action::CommitAppend {
+                    p: entry(2, 1, 3, 4, 1)
+                }
+            ),
+            "CommitAppend([job |-> 2, slot |-> 1, gen |-> 3, seq |-> 4, k |-> 1])"
+        );
+        assert_eq!(
+            format!("{:?}", Action::ReclaimQueue { s: 1 }),
+            "ReclaimQueue(1)"
+        );
+    }
+}

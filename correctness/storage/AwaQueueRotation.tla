@@ -39,8 +39,9 @@
 (*   - one lane (one queue, one priority); the lanes of a queue share the ring and   *)
 (*     nothing here depends on how many there are.                                     *)
 (*   - seqs are bounded by MaxSeq: an action that needs a seq it cannot draw is      *)
-(*     disabled, and Quiescent may stutter once the seqs are used up (a bound of the *)
-(*     search, like a TLC state constraint, not a property of the engine).           *)
+(*     disabled, and Quiescent may stutter once this bound stops the next step (a    *)
+(*     bound of the search, like a TLC state constraint, not of the engine).         *)
+(*   - RotateQueue / RotateLease leave only a slot that holds something (see there). *)
 (*   - a lease slot holds open leases and the dead rows of closed ones; ldirty is     *)
 (*     the set of lease slots written since their last truncate, and "empty" means   *)
 (*     not in ldirty.                                                                  *)
@@ -195,7 +196,8 @@ Truncate(s, ents, cons) ==
 \* written into the queue slot of its entry.
 Finish(l, outcome) ==
     /\ leases' = leases \ {l}
-    /\ receipts' = receipts \cup {[job |-> l.job, k |-> l.k, slot |-> l.slot, outcome |-> outcome]}
+    /\ receipts' = receipts \cup {[job |-> l.job, k |-> l.k, slot |-> l.slot,
+                                   outcome |-> outcome]}
     /\ done' = done \cup {l.job}
 
 \* The lease row a completion for <<z.job, z.k>> deletes: exactly its own
@@ -213,7 +215,8 @@ BeginAppend(j) ==
     /\ j \notin inserted
     /\ \A p \in pending : p.job # j
     /\ nextSeq < MaxSeq
-    /\ pending' = pending \cup {[job |-> j, slot |-> qcur, gen |-> qgen[qcur], seq |-> nextSeq, k |-> 1]}
+    /\ pending' = pending \cup {[job |-> j, slot |-> qcur, gen |-> qgen[qcur],
+                                 seq |-> nextSeq, k |-> 1]}
     /\ nextSeq' = nextSeq + 1
     /\ UNCHANGED <<qcur, qgen, lcur, ldirty, cursor, entries, consumed, leases, receipts,
                    deferred, zombies, moving, inserted, done, claimed, dupClaim,
@@ -306,7 +309,8 @@ ZombieComplete(z) ==
           THEN \E l \in leases :
                   /\ GuardMatches(l, z)
                   /\ Finish(l, "completed")
-                  /\ staleCompletion' = (staleCompletion \/ ~\E o \in leases : o.job = z.job /\ o.k = z.k)
+                  /\ staleCompletion' =
+                        (staleCompletion \/ ~\E o \in leases : o.job = z.job /\ o.k = z.k)
                   /\ UNCHANGED events
           ELSE /\ events' = events \cup {"zombieRejected"}
                /\ UNCHANGED <<leases, receipts, done, staleCompletion>>
