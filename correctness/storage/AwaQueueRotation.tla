@@ -1,0 +1,537 @@
+------------------------------- MODULE AwaQueueRotation -------------------------------
+(***************************************************************************************)
+(* Queue-storage rotation: one queue lane of the rotating storage engine.             *)
+(*                                                                                     *)
+(* Ready entries live in a ring of QueueSlots partitions. qcur is the slot new        *)
+(* entries go to and qgen[s] is slot s's generation. Entries are append-only records  *)
+(* [job, slot, gen, seq, k]: k is the run lease the next claim will use. An entry is  *)
+(* never modified; that it was consumed is recorded in the separate set consumed (the *)
+(* claim's marker), keyed by the entry's seq (seqs are never reused). Open leases     *)
+(* live in a ring of LeaseSlots partitions with lcur the slot new leases go to.        *)
+(*                                                                                     *)
+(*   - A producer begins an append (draws seq = nextSeq) into qcur and later commits  *)
+(*     or aborts it; pending appends can commit out of seq order (a late commit).     *)
+(*   - The lane's cursor is a seq: Claim takes the lowest-seq committed, unconsumed   *)
+(*     entry at or above it and opens a lease that references the entry (slot, gen,  *)
+(*     seq). AdvanceCursor moves the cursor to the stable point: never past a         *)
+(*     pending append, never past an unconsumed committed entry. (The implementation *)
+(*     derives the stable point from the xmin horizon; the model uses pending.)      *)
+(*   - Complete deletes the open lease and writes a narrow receipt into the slot of   *)
+(*     the lease's entry. Retry and Rescue delete it and move the job to the plain    *)
+(*     deferred table under lease k + 1 (failed once attempts run out); Promote       *)
+(*     appends a deferred job to qcur. A rescued worker keeps running as a zombie;   *)
+(*     its completion finds no open lease row and does nothing (the lease guard).    *)
+(*   - RotateQueue / RotateLease move qcur / lcur to the next slot once it is empty.  *)
+(*   - ReclaimQueue(s) is one transaction holding TRUNCATE's ACCESS EXCLUSIVE lock:   *)
+(*     it waits for producers appending into s, carries the unconsumed entries and    *)
+(*     the entries of running jobs (moving their lease's entry reference) forward to *)
+(*     qcur under new seqs, drops the rest (resolved entries, receipts: history is    *)
+(*     pruned), empties s and bumps qgen[s]. One stuck slot cannot freeze the ring.  *)
+(*   - ReclaimLease(ls) truncates a lease slot that holds no open lease. Leases are  *)
+(*     never moved between lease slots.                                               *)
+(*                                                                                     *)
+(* Variant selects the correct protocol or one of five seeded bugs; each negative     *)
+(* .cfg names the one invariant it is expected to violate. The executable twin in     *)
+(* correctness/src/queue_rotation.rs has the same state, action names and invariants *)
+(* and is what CI checks; keep the two in step.                                       *)
+(*                                                                                     *)
+(* Abstractions and bounds:                                                            *)
+(*   - one lane (one queue, one priority); the lanes of a queue share the ring and   *)
+(*     nothing here depends on how many there are.                                     *)
+(*   - seqs are bounded by MaxSeq: an action that needs a seq it cannot draw is      *)
+(*     disabled, and Quiescent may stutter once this bound stops the next step (a    *)
+(*     bound of the search, like a TLC state constraint, not of the engine).         *)
+(*   - RotateQueue / RotateLease leave only a slot that holds something (see there). *)
+(*   - a lease slot holds open leases and the dead rows of closed ones; ldirty is     *)
+(*     the set of lease slots written since their last truncate, and "empty" means   *)
+(*     not in ldirty.                                                                  *)
+(*   - the ghosts inserted, done, claimed, dupClaim, staleCompletion and events are  *)
+(*     observations only; no guard reads them.                                        *)
+(***************************************************************************************)
+EXTENDS Naturals, FiniteSets
+
+CONSTANTS
+    Jobs,        \* the jobs, e.g. {1, 2}
+    QueueSlots,  \* number of queue-storage partitions in the ring
+    LeaseSlots,  \* number of lease partitions in the ring
+    MaxAttempts, \* max_attempts of each job: run leases 1..MaxAttempts
+    MaxSeq,      \* seqs 0..MaxSeq-1 can be drawn (bound of the search)
+    Variant      \* "Correct" or one of the seeded bugs in Variants
+
+Variants ==
+    { "Correct",
+      "ReclaimWithoutCarryForward", \* reclaim drops the unconsumed entries of the slot
+      "ReclaimUnderOpenLease",      \* reclaim drops running jobs' entries; lease refs dangle
+      "CarryForwardInTwoSteps",     \* copy forward in one step, truncate in a later one
+      "CursorSkipsPending",         \* AdvanceCursor ignores pending appends
+      "CompleteWithoutLeaseGuard" } \* a completion deletes the job's open lease, any k
+
+ASSUME
+    /\ Jobs # {}
+    /\ QueueSlots \in Nat \ {0, 1}
+    /\ LeaseSlots \in Nat \ {0, 1}
+    /\ MaxAttempts \in Nat \ {0}
+    /\ MaxSeq \in Nat \ {0}
+    /\ Variant \in Variants
+
+QSlots  == 0..QueueSlots - 1
+LSlots  == 0..LeaseSlots - 1
+Seqs    == 0..MaxSeq - 1
+Leases  == 1..MaxAttempts
+Events  == {"carryUnconsumed", "carryRunning", "lateClaim", "zombieRejected", "leaseReclaimed"}
+
+VARIABLES
+    qcur,      \* the queue slot new entries go to
+    qgen,      \* qgen[s]: generation of queue slot s, bumped by each reclaim
+    lcur,      \* the lease slot new leases go to
+    ldirty,    \* lease slots written since their last truncate
+    nextSeq,   \* the next seq to draw
+    cursor,    \* the lane's claim cursor (a seq)
+    pending,   \* begun, uncommitted appends: [job, slot, gen, seq, k]
+    entries,   \* committed ready entries: [job, slot, gen, seq, k]; never modified
+    consumed,  \* seqs of the entries a claim has consumed
+    leases,    \* open leases: [job, k, lslot, slot, gen, seq] (the last three: entry ref)
+    receipts,  \* terminal receipts in the queue slot of their entry: [job, k, slot, outcome]
+    deferred,  \* the plain deferred table: [job, k]
+    zombies,   \* rescued workers still running: [job, k]
+    moving,    \* CarryForwardInTwoSteps only: slots copied forward but not yet truncated
+    inserted,  \* ghost: jobs whose append committed at least once
+    done,      \* ghost: jobs that reached a terminal state (completed or failed)
+    claimed,   \* ghost: the <<job, k>> pairs claimed so far
+    dupClaim,  \* ghost: a Claim found its pair already in claimed
+    staleCompletion, \* ghost: a terminal transition came from a lease that was not open
+    events     \* ghost: which witnessed events have happened (Events)
+
+vars == <<qcur, qgen, lcur, ldirty, nextSeq, cursor, pending, entries, consumed, leases,
+          receipts, deferred, zombies, moving, inserted, done, claimed, dupClaim,
+          staleCompletion, events>>
+
+EntryRec   == [job : Jobs, slot : QSlots, gen : Nat, seq : Seqs, k : Leases]
+LeaseRec   == [job : Jobs, k : Leases, lslot : LSlots, slot : QSlots, gen : Nat, seq : Seqs]
+ReceiptRec == [job : Jobs, k : Leases, slot : QSlots, outcome : {"completed", "failed"}]
+JobLease   == [job : Jobs, k : Leases]
+
+TypeOK ==
+    /\ qcur \in QSlots
+    /\ qgen \in [QSlots -> Nat]
+    /\ lcur \in LSlots
+    /\ ldirty \subseteq LSlots
+    /\ nextSeq \in 0..MaxSeq
+    /\ cursor \in 0..MaxSeq
+    /\ pending \subseteq EntryRec
+    /\ entries \subseteq EntryRec
+    /\ consumed \subseteq Seqs
+    /\ leases \subseteq LeaseRec
+    /\ receipts \subseteq ReceiptRec
+    /\ deferred \subseteq JobLease
+    /\ zombies \subseteq JobLease
+    /\ moving \subseteq QSlots
+    /\ inserted \subseteq Jobs
+    /\ done \subseteq Jobs
+    /\ claimed \subseteq Jobs \X Leases
+    /\ dupClaim \in BOOLEAN
+    /\ staleCompletion \in BOOLEAN
+    /\ events \subseteq Events
+
+---------------------------------------------------------------------------------------
+(* Helpers *)
+
+Min(S) == CHOOSE x \in S : \A y \in S : x <= y
+
+Unconsumed(e) == e.seq \notin consumed
+
+\* The lease whose entry reference is e (a running job's entry).
+RefersTo(l, e) == l.slot = e.slot /\ l.gen = e.gen /\ l.seq = e.seq
+
+\* Queue slot s holds nothing: no entry, no receipt, no pending append.
+QSlotEmpty(s) ==
+    /\ \A e \in entries : e.slot # s
+    /\ \A r \in receipts : r.slot # s
+    /\ \A p \in pending : p.slot # s
+
+\* The stable point: the cursor may advance up to it. Never past a pending append
+\* (CursorSkipsPending: ignores them) nor past an unconsumed committed entry.
+StablePoint ==
+    Min({nextSeq}
+        \cup {e.seq : e \in {x \in entries : Unconsumed(x)}}
+        \cup (IF Variant = "CursorSkipsPending" THEN {} ELSE {p.seq : p \in pending}))
+
+\* The entries of slot s that a reclaim carries forward: the unconsumed ones
+\* (ReclaimWithoutCarryForward: none) and the consumed ones whose lease is still
+\* open (ReclaimUnderOpenLease: none).
+CarryUnconsumed(s) ==
+    IF Variant = "ReclaimWithoutCarryForward" THEN {}
+    ELSE {e \in entries : e.slot = s /\ Unconsumed(e)}
+CarryRunning(s) ==
+    IF Variant = "ReclaimUnderOpenLease" THEN {}
+    ELSE {e \in entries : e.slot = s /\ ~Unconsumed(e) /\ \E l \in leases : RefersTo(l, e)}
+
+\* The new seq of carried entry e among carried entries C: in seq order from nextSeq.
+NewSeq(e, C) == nextSeq + Cardinality({x \in C : x.seq < e.seq})
+Copy(e, C)   == [e EXCEPT !.slot = qcur, !.gen = qgen[qcur], !.seq = NewSeq(e, C)]
+
+\* The leases after carrying C forward: a running job's lease refers to its copy.
+MovedLeases(C) ==
+    {IF \E e \in C : RefersTo(l, e)
+         THEN LET e == CHOOSE x \in C : RefersTo(l, x)
+              IN  [l EXCEPT !.slot = qcur, !.gen = qgen[qcur], !.seq = NewSeq(e, C)]
+         ELSE l : l \in leases}
+
+\* The events a carry of C records.
+CarryEvents(C) ==
+    events
+    \cup (IF \E e \in C : Unconsumed(e) THEN {"carryUnconsumed"} ELSE {})
+    \cup (IF \E e \in C : ~Unconsumed(e) THEN {"carryRunning"} ELSE {})
+
+\* TRUNCATE of slot s, given the entries ents and consumed markers cons: the slot's
+\* entries (with their markers) and receipts are gone, and its generation moves on.
+Truncate(s, ents, cons) ==
+    LET kept == {e \in ents : e.slot # s} IN
+    /\ entries' = kept
+    /\ consumed' = {c \in cons : \E e \in kept : e.seq = c}
+    /\ receipts' = {r \in receipts : r.slot # s}
+    /\ qgen' = [qgen EXCEPT ![s] = @ + 1]
+
+\* The terminal transition of open lease l: the lease row is deleted and a receipt
+\* written into the queue slot of its entry.
+Finish(l, outcome) ==
+    /\ leases' = leases \ {l}
+    /\ receipts' = receipts \cup {[job |-> l.job, k |-> l.k, slot |-> l.slot,
+                                   outcome |-> outcome]}
+    /\ done' = done \cup {l.job}
+
+\* The lease row a completion for <<z.job, z.k>> deletes: exactly its own
+\* (CompleteWithoutLeaseGuard: any open lease of the job).
+GuardMatches(l, z) ==
+    /\ l.job = z.job
+    /\ (Variant = "CompleteWithoutLeaseGuard" \/ l.k = z.k)
+
+---------------------------------------------------------------------------------------
+(* Actions *)
+
+\* A producer begins inserting job j (not inserted yet, no append of it pending):
+\* it draws a seq and writes into the current slot, uncommitted.
+BeginAppend(j) ==
+    /\ j \notin inserted
+    /\ \A p \in pending : p.job # j
+    /\ nextSeq < MaxSeq
+    /\ pending' = pending \cup {[job |-> j, slot |-> qcur, gen |-> qgen[qcur],
+                                 seq |-> nextSeq, k |-> 1]}
+    /\ nextSeq' = nextSeq + 1
+    /\ UNCHANGED <<qcur, qgen, lcur, ldirty, cursor, entries, consumed, leases, receipts,
+                   deferred, zombies, moving, inserted, done, claimed, dupClaim,
+                   staleCompletion, events>>
+
+\* The producer commits: the entry becomes visible. Its slot cannot have been
+\* reclaimed meanwhile (TRUNCATE waits for the producer's lock), which the
+\* generation check states.
+CommitAppend(p) ==
+    /\ p \in pending
+    /\ qgen[p.slot] = p.gen
+    /\ pending' = pending \ {p}
+    /\ entries' = entries \cup {p}
+    /\ inserted' = inserted \cup {p.job}
+    /\ UNCHANGED <<qcur, qgen, lcur, ldirty, nextSeq, cursor, consumed, leases, receipts,
+                   deferred, zombies, moving, done, claimed, dupClaim, staleCompletion, events>>
+
+\* The producer rolls back: the job is not inserted (it may be begun again).
+AbortAppend(p) ==
+    /\ p \in pending
+    /\ pending' = pending \ {p}
+    /\ UNCHANGED <<qcur, qgen, lcur, ldirty, nextSeq, cursor, entries, consumed, leases,
+                   receipts, deferred, zombies, moving, inserted, done, claimed, dupClaim,
+                   staleCompletion, events>>
+
+\* The lane claims its lowest-seq committed, unconsumed entry at or above the cursor:
+\* the entry is marked consumed and a lease opened in the current lease slot.
+Claim ==
+    LET ready == {e \in entries : Unconsumed(e) /\ e.seq >= cursor}
+        e     == CHOOSE x \in ready : \A y \in ready : x.seq <= y.seq
+    IN  /\ ready # {}
+        /\ consumed' = consumed \cup {e.seq}
+        /\ leases' = leases \cup {[job |-> e.job, k |-> e.k, lslot |-> lcur,
+                                   slot |-> e.slot, gen |-> e.gen, seq |-> e.seq]}
+        /\ ldirty' = ldirty \cup {lcur}
+        /\ claimed' = claimed \cup {<<e.job, e.k>>}
+        /\ dupClaim' = (dupClaim \/ <<e.job, e.k>> \in claimed)
+        /\ events' = events \cup (IF \E c \in consumed : c > e.seq THEN {"lateClaim"} ELSE {})
+        /\ UNCHANGED <<qcur, qgen, lcur, nextSeq, cursor, pending, entries, receipts,
+                       deferred, zombies, moving, inserted, done, staleCompletion>>
+
+\* The cursor moves forward to the stable point.
+AdvanceCursor ==
+    /\ StablePoint > cursor
+    /\ cursor' = StablePoint
+    /\ UNCHANGED <<qcur, qgen, lcur, ldirty, nextSeq, pending, entries, consumed, leases,
+                   receipts, deferred, zombies, moving, inserted, done, claimed, dupClaim,
+                   staleCompletion, events>>
+
+\* The worker holding open lease l completes the job.
+Complete(l) ==
+    /\ l \in leases
+    /\ Finish(l, "completed")
+    /\ UNCHANGED <<qcur, qgen, lcur, ldirty, nextSeq, cursor, pending, entries, consumed,
+                   deferred, zombies, moving, inserted, claimed, dupClaim, staleCompletion,
+                   events>>
+
+\* Open lease l ends without completing (an error, a retry, or rescue of a dead
+\* worker): the job is deferred under the next lease, or fails once attempts run out.
+EndAttempt(l) ==
+    IF l.k < MaxAttempts
+        THEN /\ leases' = leases \ {l}
+             /\ deferred' = deferred \cup {[job |-> l.job, k |-> l.k + 1]}
+             /\ UNCHANGED <<receipts, done>>
+        ELSE /\ Finish(l, "failed")
+             /\ UNCHANGED deferred
+
+\* The handler fails or asks for a retry.
+Retry(l) ==
+    /\ l \in leases
+    /\ EndAttempt(l)
+    /\ UNCHANGED <<qcur, qgen, lcur, ldirty, nextSeq, cursor, pending, entries, consumed,
+                   zombies, moving, inserted, claimed, dupClaim, staleCompletion, events>>
+
+\* Maintenance rescues a lease whose worker looks dead; the worker keeps running.
+Rescue(l) ==
+    /\ l \in leases
+    /\ EndAttempt(l)
+    /\ zombies' = zombies \cup {[job |-> l.job, k |-> l.k]}
+    /\ UNCHANGED <<qcur, qgen, lcur, ldirty, nextSeq, cursor, pending, entries, consumed,
+                   moving, inserted, claimed, dupClaim, staleCompletion, events>>
+
+\* A rescued worker finishes and tries to complete under its old lease. The
+\* completion deletes the lease row its guard matches; with none it is stale and
+\* does nothing.
+ZombieComplete(z) ==
+    /\ z \in zombies
+    /\ zombies' = zombies \ {z}
+    /\ IF \E l \in leases : GuardMatches(l, z)
+          THEN \E l \in leases :
+                  /\ GuardMatches(l, z)
+                  /\ Finish(l, "completed")
+                  /\ staleCompletion' =
+                        (staleCompletion \/ ~\E o \in leases : o.job = z.job /\ o.k = z.k)
+                  /\ UNCHANGED events
+          ELSE /\ events' = events \cup {"zombieRejected"}
+               /\ UNCHANGED <<leases, receipts, done, staleCompletion>>
+    /\ UNCHANGED <<qcur, qgen, lcur, ldirty, nextSeq, cursor, pending, entries, consumed,
+                   deferred, moving, inserted, claimed, dupClaim>>
+
+\* A deferred job becomes ready again: appended (committed) to the current slot.
+Promote(d) ==
+    /\ d \in deferred
+    /\ nextSeq < MaxSeq
+    /\ deferred' = deferred \ {d}
+    /\ entries' = entries \cup {[job |-> d.job, slot |-> qcur, gen |-> qgen[qcur],
+                                 seq |-> nextSeq, k |-> d.k]}
+    /\ nextSeq' = nextSeq + 1
+    /\ UNCHANGED <<qcur, qgen, lcur, ldirty, cursor, pending, consumed, leases, receipts,
+                   zombies, moving, inserted, done, claimed, dupClaim, staleCompletion, events>>
+
+\* New entries go to the next queue slot once it is empty. The current slot must
+\* hold something: rotating away from an empty slot only renames it (the engine
+\* rotates a slot once it has filled or aged), and leaving it out keeps the search
+\* small.
+RotateQueue ==
+    LET next == (qcur + 1) % QueueSlots IN
+    /\ ~QSlotEmpty(qcur)
+    /\ QSlotEmpty(next)
+    /\ qcur' = next
+    /\ UNCHANGED <<qgen, lcur, ldirty, nextSeq, cursor, pending, entries, consumed, leases,
+                   receipts, deferred, zombies, moving, inserted, done, claimed, dupClaim,
+                   staleCompletion, events>>
+
+\* New leases go to the next lease slot once it is empty (truncated). As for the
+\* queue ring, the current lease slot must have been written.
+RotateLease ==
+    LET next == (lcur + 1) % LeaseSlots IN
+    /\ lcur \in ldirty
+    /\ next \notin ldirty
+    /\ lcur' = next
+    /\ UNCHANGED <<qcur, qgen, ldirty, nextSeq, cursor, pending, entries, consumed, leases,
+                   receipts, deferred, zombies, moving, inserted, done, claimed, dupClaim,
+                   staleCompletion, events>>
+
+\* Reclaim queue slot s (not the current one, holding something) in one transaction:
+\* TRUNCATE's lock waits for any producer appending into s; the unconsumed entries
+\* and the running jobs' entries are carried forward to qcur under new seqs (a
+\* running job's copy consumed, its lease's entry reference moved to the copy), then
+\* s is truncated. CarryForwardInTwoSteps: this transaction only copies forward and
+\* marks s moving; FinishReclaim truncates later.
+ReclaimQueue(s) ==
+    LET C      == CarryUnconsumed(s) \cup CarryRunning(s)
+        copies == {Copy(e, C) : e \in C}
+        cons   == consumed \cup {NewSeq(e, C) : e \in {x \in C : ~Unconsumed(x)}}
+    IN
+    /\ s # qcur
+    /\ s \notin moving
+    /\ ~QSlotEmpty(s)
+    /\ \A p \in pending : p.slot # s
+    /\ nextSeq + Cardinality(C) <= MaxSeq
+    /\ nextSeq' = nextSeq + Cardinality(C)
+    /\ leases' = MovedLeases(C)
+    /\ events' = CarryEvents(C)
+    /\ IF Variant = "CarryForwardInTwoSteps"
+          THEN /\ entries' = entries \cup copies
+               /\ consumed' = cons
+               /\ moving' = moving \cup {s}
+               /\ UNCHANGED <<qgen, receipts>>
+          ELSE /\ Truncate(s, entries \cup copies, cons)
+               /\ UNCHANGED moving
+    /\ UNCHANGED <<qcur, lcur, ldirty, cursor, pending, deferred, zombies, inserted, done,
+                   claimed, dupClaim, staleCompletion>>
+
+\* CarryForwardInTwoSteps only: the later transaction that truncates a slot copied
+\* forward, once no open lease refers into it (a claim may have taken an old copy).
+FinishReclaim(s) ==
+    /\ s \in moving
+    /\ \A l \in leases : l.slot # s
+    /\ moving' = moving \ {s}
+    /\ Truncate(s, entries, consumed)
+    /\ UNCHANGED <<qcur, lcur, ldirty, nextSeq, cursor, pending, leases, deferred, zombies,
+                   inserted, done, claimed, dupClaim, staleCompletion, events>>
+
+\* Truncate lease slot ls (not the current one) once no open lease is in it. The
+\* TRUNCATE removes every row of the slot; under the guard no open lease is among
+\* them, and the leases clause says what it would remove without it.
+ReclaimLease(ls) ==
+    /\ ls # lcur
+    /\ ls \in ldirty
+    /\ \A l \in leases : l.lslot # ls
+    /\ ldirty' = ldirty \ {ls}
+    /\ leases' = {l \in leases : l.lslot # ls}
+    /\ events' = events \cup {"leaseReclaimed"}
+    /\ UNCHANGED <<qcur, qgen, lcur, nextSeq, cursor, pending, entries, consumed,
+                   receipts, deferred, zombies, moving, inserted, done, claimed, dupClaim,
+                   staleCompletion>>
+
+\* Nothing is in flight (no pending append, unconsumed entry, open lease or deferred
+\* job), or the search's bound on seqs stops the next step: the seqs are used up, or
+\* a slot waits for a reclaim whose carry-forward needs more seqs than remain.
+\* Stutter instead of deadlocking.
+NothingInFlight ==
+    /\ pending = {}
+    /\ \A e \in entries : ~Unconsumed(e)
+    /\ leases = {}
+    /\ deferred = {}
+
+SeqBoundReached ==
+    \/ nextSeq = MaxSeq
+    \/ \E s \in QSlots :
+          /\ s # qcur
+          /\ s \notin moving
+          /\ ~QSlotEmpty(s)
+          /\ nextSeq + Cardinality(CarryUnconsumed(s) \cup CarryRunning(s)) > MaxSeq
+
+Quiescent ==
+    /\ NothingInFlight \/ SeqBoundReached
+    /\ UNCHANGED vars
+
+---------------------------------------------------------------------------------------
+
+Init ==
+    /\ qcur = 0
+    /\ qgen = [s \in QSlots |-> 0]
+    /\ lcur = 0
+    /\ ldirty = {}
+    /\ nextSeq = 0
+    /\ cursor = 0
+    /\ pending = {}
+    /\ entries = {}
+    /\ consumed = {}
+    /\ leases = {}
+    /\ receipts = {}
+    /\ deferred = {}
+    /\ zombies = {}
+    /\ moving = {}
+    /\ inserted = {}
+    /\ done = {}
+    /\ claimed = {}
+    /\ dupClaim = FALSE
+    /\ staleCompletion = FALSE
+    /\ events = {}
+
+Next ==
+    \/ \E j \in Jobs : BeginAppend(j)
+    \/ \E p \in pending : CommitAppend(p) \/ AbortAppend(p)
+    \/ Claim
+    \/ AdvanceCursor
+    \/ \E l \in leases : Complete(l) \/ Retry(l) \/ Rescue(l)
+    \/ \E z \in zombies : ZombieComplete(z)
+    \/ \E d \in deferred : Promote(d)
+    \/ RotateQueue
+    \/ RotateLease
+    \/ \E s \in QSlots : ReclaimQueue(s) \/ FinishReclaim(s)
+    \/ \E ls \in LSlots : ReclaimLease(ls)
+    \/ Quiescent
+
+Spec == Init /\ [][Next]_vars
+
+---------------------------------------------------------------------------------------
+(* Invariants *)
+
+\* The places a job can be: an unconsumed committed entry, an open lease, the
+\* deferred table, terminal.
+InQueue(j)    == \E e \in entries : e.job = j /\ Unconsumed(e)
+InLease(j)    == \E l \in leases : l.job = j
+InDeferred(j) == \E d \in deferred : d.job = j
+
+\* Every inserted job is somewhere: nothing is lost.
+\*
+\* The "at most one place" half of "exactly one place" is OnePlacePerJob below, a
+\* separate invariant checked in the positive configuration. It is split off because
+\* CarryForwardInTwoSteps holds two copies of one entry between its two steps (the
+\* state whose consequence, a second claim, is OneClaimPerLease): with "exactly one"
+\* here that bug would violate two invariants. Every other seeded bug keeps it.
+NothingLost ==
+    \A j \in inserted : InQueue(j) \/ InLease(j) \/ InDeferred(j) \/ j \in done
+
+\* No <<job, k>> is claimed twice: each run lease runs at most once.
+OneClaimPerLease == ~dupClaim
+
+\* Every open lease references an entry that exists: a slot is never truncated
+\* under an unresolved lease.
+LeaseHasEntry ==
+    \A l \in leases : \E e \in entries :
+        RefersTo(l, e) /\ e.job = l.job /\ e.k = l.k
+
+\* No committed, unconsumed entry lies below the cursor (it could never be claimed).
+CursorNeverPassesWork ==
+    \A e \in entries : Unconsumed(e) => e.seq >= cursor
+
+\* Every terminal transition came from a lease that was open at that moment.
+OnlyOpenLeaseCompletes == ~staleCompletion
+
+\* Positive configuration only: every inserted job is in exactly one place (at most
+\* one entry, lease or deferred row, and not also terminal). See NothingLost.
+OnePlacePerJob ==
+    \A j \in inserted :
+        Cardinality({e \in entries : e.job = j /\ Unconsumed(e)})
+        + Cardinality({l \in leases : l.job = j})
+        + Cardinality({d \in deferred : d.job = j})
+        + (IF j \in done THEN 1 ELSE 0) = 1
+
+---------------------------------------------------------------------------------------
+(* Witnesses: states the correct protocol must be able to reach, so that the         *)
+(* invariants are not passing vacuously. The twin checks each as a "sometimes"       *)
+(* property; in TLC, check ~W as an invariant and expect a violation.                *)
+
+\* The ring wrapped: a slot was reclaimed and holds entries of its next generation.
+WitnessRingWrapped == \E e \in entries : e.gen > 0
+
+\* A reclaim carried an unconsumed entry forward.
+WitnessCarryUnconsumed == "carryUnconsumed" \in events
+
+\* A reclaim carried a running job's entry forward and moved its lease's reference.
+WitnessCarryRunning == "carryRunning" \in events
+
+\* A late commit below the highest claimed seq was claimed.
+WitnessLateCommitClaimed == "lateClaim" \in events
+
+\* A zombie's completion found no open lease row and was rejected.
+WitnessZombieRejected == "zombieRejected" \in events
+
+\* A lease slot was truncated.
+WitnessLeaseSlotReclaimed == "leaseReclaimed" \in events
+
+=======================================================================================

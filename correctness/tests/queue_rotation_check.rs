@@ -1,0 +1,351 @@
+//! CI model check of `correctness/storage/AwaQueueRotation.tla`, through its
+//! executable twin `awa_correctness::queue_rotation`.
+//!
+//! - The correct protocol is searched exhaustively: no invariant is violated
+//!   (also `OnePlacePerJob`, which only the positive configuration checks), no
+//!   state deadlocks, every witness is reached, and the number of distinct
+//!   states is pinned (it is also the number TLC reports for
+//!   `AwaQueueRotation.cfg`).
+//! - Each seeded bug is searched exhaustively: exactly its named invariant is
+//!   violated and no state deadlocks. Its shortest counterexample (what TLC's
+//!   breadth-first search reports) is found by iterative deepening and printed.
+//! - The `.tla` and `.cfg` files still name the twin's actions, invariants,
+//!   witnesses, variants and constants.
+//!
+//! Run with `cargo test -p awa-correctness --test queue_rotation_check --
+//! --nocapture` to see the counts and counterexamples.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use awa_correctness::queue_rotation::{
+    Action, State, Variant, ACTIONS, DEADLOCK_FREE, INVARIANTS, POSITIVE_INVARIANTS, WITNESSES,
+};
+use awa_correctness::AwaQueueRotation;
+use stateright::{Checker, HasDiscoveries, Model, Path};
+
+/// Distinct states of the correct protocol with the `.cfg` constants. TLC's
+/// "distinct states found" for `AwaQueueRotation.cfg` must be the same number;
+/// if a change to the model moves it, update it here, in the `.cfg` and in the
+/// README.
+const POSITIVE_DISTINCT_STATES: usize = 304_735;
+
+/// The same with `QueueSlots = 3` (ignored test). With three slots and
+/// `MaxSeq = 3` the ring cannot wrap with an entry in it (that takes a fourth
+/// seq, and `MaxSeq = 4` is about six million states), so that search shows the
+/// invariants with a slot the ring can pass over, not `WitnessRingWrapped`.
+const THREE_QUEUE_SLOTS_DISTINCT_STATES: usize = 488_112;
+
+/// Length (number of actions) of each seeded bug's shortest counterexample.
+fn shortest_counterexample_len(variant: Variant) -> usize {
+    match variant {
+        Variant::Correct => unreachable!(),
+        Variant::ReclaimWithoutCarryForward => 4,
+        Variant::ReclaimUnderOpenLease => 5,
+        Variant::CarryForwardInTwoSteps => 6,
+        Variant::CursorSkipsPending => 3,
+        Variant::CompleteWithoutLeaseGuard => 7,
+    }
+}
+
+struct Outcome {
+    distinct: usize,
+    generated: usize,
+    max_depth: usize,
+    done: bool,
+    discoveries: HashMap<&'static str, Path<State, Action>>,
+    seconds: f64,
+}
+
+fn check_exhaustively(model: AwaQueueRotation) -> Outcome {
+    let start = Instant::now();
+    let checker = model.checker().threads(1).spawn_bfs().join();
+    Outcome {
+        distinct: checker.unique_state_count(),
+        generated: checker.state_count(),
+        max_depth: checker.max_depth(),
+        done: checker.is_done(),
+        discoveries: checker.discoveries(),
+        seconds: start.elapsed().as_secs_f64(),
+    }
+}
+
+fn violated(outcome: &Outcome) -> BTreeSet<&'static str> {
+    INVARIANTS
+        .into_iter()
+        .filter(|name| outcome.discoveries.contains_key(name))
+        .collect()
+}
+
+fn holds(name: &str, s: &State) -> bool {
+    match name {
+        "NothingLost" => s.nothing_lost(),
+        "OneClaimPerLease" => s.one_claim_per_lease(),
+        "LeaseHasEntry" => s.lease_has_entry(),
+        "CursorNeverPassesWork" => s.cursor_never_passes_work(),
+        "OnlyOpenLeaseCompletes" => s.only_open_lease_completes(),
+        other => panic!("unknown invariant {other}"),
+    }
+}
+
+/// The shortest path to a state violating `invariant`, by breadth-first
+/// searches bounded at increasing depths.
+fn shortest_counterexample(variant: Variant, invariant: &'static str) -> Path<State, Action> {
+    for depth in 2..=64 {
+        let checker = AwaQueueRotation::new(variant)
+            .checker()
+            .threads(1)
+            .target_max_depth(depth)
+            .finish_when(HasDiscoveries::AnyOf([invariant].into_iter().collect()))
+            .spawn_bfs()
+            .join();
+        if let Some(path) = checker.discovery(invariant) {
+            return path;
+        }
+    }
+    panic!("{}: no counterexample within 64 steps", variant.name());
+}
+
+fn render(path: &Path<State, Action>) -> String {
+    path.clone()
+        .into_actions()
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("  {:>2}. {a:?}\n", i + 1))
+        .collect()
+}
+
+fn check_positive(model: AwaQueueRotation, expected_distinct: usize, witnesses: &[&'static str]) {
+    let outcome = check_exhaustively(model);
+    println!(
+        "Correct (QueueSlots = {}): {} distinct states ({} generated, depth {}) in {:.2}s",
+        model.queue_slots, outcome.distinct, outcome.generated, outcome.max_depth, outcome.seconds
+    );
+    for name in INVARIANTS
+        .into_iter()
+        .chain(POSITIVE_INVARIANTS)
+        .chain([DEADLOCK_FREE])
+    {
+        if let Some(path) = outcome.discoveries.get(name) {
+            panic!("Correct violates {name}:\n{}", render(path));
+        }
+    }
+    assert!(outcome.done, "the search did not finish");
+    for name in witnesses {
+        assert!(
+            outcome.discoveries.contains_key(name),
+            "Correct never reaches {name}: the invariants may pass vacuously"
+        );
+    }
+    assert_eq!(
+        outcome.distinct, expected_distinct,
+        "the correct protocol's state space changed; update the pinned count, \
+         AwaQueueRotation.cfg and correctness/README.md, and keep \
+         AwaQueueRotation.tla in step"
+    );
+}
+
+#[test]
+fn correct_protocol_satisfies_every_invariant_exhaustively() {
+    check_positive(
+        AwaQueueRotation::new(Variant::Correct),
+        POSITIVE_DISTINCT_STATES,
+        &WITNESSES,
+    );
+}
+
+/// Three queue slots; run with `cargo test -p awa-correctness -- --ignored`.
+#[test]
+#[ignore = "slower, and the ring cannot wrap within MaxSeq = 3: the CI configuration uses QueueSlots = 2"]
+fn correct_protocol_with_three_queue_slots() {
+    let witnesses: Vec<&'static str> = WITNESSES
+        .into_iter()
+        .filter(|w| *w != "WitnessRingWrapped")
+        .collect();
+    check_positive(
+        AwaQueueRotation {
+            queue_slots: 3,
+            ..AwaQueueRotation::new(Variant::Correct)
+        },
+        THREE_QUEUE_SLOTS_DISTINCT_STATES,
+        &witnesses,
+    );
+}
+
+fn check_negative(variant: Variant) {
+    let expected = variant.expected_violation().expect("a seeded bug");
+    let outcome = check_exhaustively(AwaQueueRotation::new(variant));
+    let violated = violated(&outcome);
+    println!(
+        "{}: {} distinct states ({} generated) in {:.2}s; violates {:?}",
+        variant.name(),
+        outcome.distinct,
+        outcome.generated,
+        outcome.seconds,
+        violated
+    );
+    assert_eq!(
+        violated,
+        BTreeSet::from([expected]),
+        "{} must violate exactly {expected}",
+        variant.name()
+    );
+    assert!(
+        outcome.done,
+        "{}: the search did not finish",
+        variant.name()
+    );
+    if let Some(path) = outcome.discoveries.get(DEADLOCK_FREE) {
+        panic!("{} deadlocks:\n{}", variant.name(), render(path));
+    }
+    assert!(!holds(expected, outcome.discoveries[expected].last_state()));
+
+    let path = shortest_counterexample(variant, expected);
+    println!(
+        "{} violates {expected}; shortest counterexample:\n{}",
+        variant.name(),
+        render(&path)
+    );
+    assert!(!holds(expected, path.last_state()));
+    assert_eq!(
+        path.clone().into_actions().len(),
+        shortest_counterexample_len(variant),
+        "{}: the shortest counterexample changed length",
+        variant.name()
+    );
+}
+
+#[test]
+fn reclaim_without_carry_forward_violates_nothing_lost() {
+    check_negative(Variant::ReclaimWithoutCarryForward);
+}
+
+#[test]
+fn reclaim_under_open_lease_violates_lease_has_entry() {
+    check_negative(Variant::ReclaimUnderOpenLease);
+}
+
+#[test]
+fn carry_forward_in_two_steps_violates_one_claim_per_lease() {
+    check_negative(Variant::CarryForwardInTwoSteps);
+}
+
+#[test]
+fn cursor_skips_pending_violates_cursor_never_passes_work() {
+    check_negative(Variant::CursorSkipsPending);
+}
+
+#[test]
+fn complete_without_lease_guard_violates_only_open_lease_completes() {
+    check_negative(Variant::CompleteWithoutLeaseGuard);
+}
+
+// ---------------------------------------------------------------------------
+// The TLA+ files stay in step with the twin.
+
+fn storage_file(name: &str) -> String {
+    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "storage", name]
+        .iter()
+        .collect();
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The definitions (`Name ==` or `Name(args) ==` at the start of a line).
+fn tla_definitions(tla: &str) -> BTreeSet<String> {
+    tla.lines()
+        .filter(|line| line.contains("=="))
+        .filter_map(|line| {
+            let name: String = line
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            (!name.is_empty()).then_some(name)
+        })
+        .collect()
+}
+
+#[test]
+fn tla_module_defines_every_twin_name() {
+    let tla = storage_file("AwaQueueRotation.tla");
+    let defined = tla_definitions(&tla);
+    let names = ACTIONS
+        .iter()
+        .chain(&INVARIANTS)
+        .chain(&POSITIVE_INVARIANTS)
+        .chain(&WITNESSES)
+        .chain(&["TypeOK", "Quiescent"]);
+    for name in names {
+        assert!(
+            defined.contains(*name),
+            "AwaQueueRotation.tla does not define {name}"
+        );
+    }
+    for variant in Variant::ALL {
+        assert!(
+            tla.contains(&format!("\"{}\"", variant.name())),
+            "AwaQueueRotation.tla does not list variant {}",
+            variant.name()
+        );
+    }
+    assert!(tla.contains("MODULE AwaQueueRotation"));
+}
+
+#[test]
+fn cfg_files_match_the_twin() {
+    for variant in Variant::ALL {
+        let model = AwaQueueRotation::new(variant);
+        let file = variant.cfg_file();
+        let cfg = storage_file(file);
+        let has = |needle: &str| cfg.lines().any(|line| line.trim() == needle);
+        assert!(
+            has(&format!("Variant = \"{}\"", variant.name())),
+            "{file}: Variant"
+        );
+        assert!(has("Jobs = {1, 2}") && model.jobs == 2, "{file}: Jobs");
+        for (constant, value) in [
+            ("QueueSlots", model.queue_slots),
+            ("LeaseSlots", model.lease_slots),
+            ("MaxAttempts", model.max_attempts),
+            ("MaxSeq", model.max_seq),
+        ] {
+            assert!(has(&format!("{constant} = {value}")), "{file}: {constant}");
+        }
+        assert!(has("SPECIFICATION Spec"), "{file}: SPECIFICATION");
+        for name in INVARIANTS.iter().chain(&["TypeOK"]) {
+            assert!(has(name), "{file}: does not check {name}");
+        }
+        // OnePlacePerJob is checked by the positive configuration only.
+        for name in POSITIVE_INVARIANTS {
+            assert_eq!(
+                has(name),
+                variant == Variant::Correct,
+                "{file}: {name} belongs to the positive configuration only"
+            );
+        }
+        let expectation = match variant.expected_violation() {
+            None => "\\* Expected: no invariant is violated.".to_string(),
+            Some(name) => format!("\\* Expected to violate: {name}"),
+        };
+        assert!(has(&expectation), "{file}: missing `{expectation}`");
+        // The numbers correctness/tlc.py holds TLC to are read from these comments, so they
+        // must be the twin's.
+        let comments = cfg
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("\\*"))
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let claim = match variant.expected_violation() {
+            None => format!("finds {POSITIVE_DISTINCT_STATES} distinct states"),
+            Some(_) => format!(
+                "Shortest counterexample ({} steps)",
+                shortest_counterexample_len(variant)
+            ),
+        };
+        assert!(
+            comments.contains(&claim),
+            "{file}: its comments must say `{claim}` (correctness/tlc.py checks TLC against it)"
+        );
+    }
+}
