@@ -8,6 +8,7 @@
 //! hold both to the same state counts and counterexample lengths (see
 //! `correctness/README.md`).
 
+pub mod harness;
 pub mod queue_rotation;
 pub mod set;
 pub mod staged_follow_ups;

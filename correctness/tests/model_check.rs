@@ -13,15 +13,16 @@
 //! Run with `cargo test -p awa-correctness -- --nocapture` to see the counts and
 //! counterexamples.
 
-use std::collections::{BTreeSet, HashMap};
-use std::path::PathBuf;
-use std::time::Instant;
+use std::collections::BTreeSet;
 
+use awa_correctness::harness::{
+    cfg_comments, check_exhaustively, render, shortest_counterexample, storage_file,
+    tla_definitions,
+};
 use awa_correctness::staged_follow_ups::{
     Action, State, ACTIONS, DEADLOCK_FREE, INVARIANTS, WITNESSES,
 };
 use awa_correctness::{AwaStagedFollowUps, Variant};
-use stateright::{Checker, HasDiscoveries, Model, Path};
 
 /// Distinct states of the correct protocol with the `.cfg` constants. TLC's
 /// "distinct states found" for `AwaStagedFollowUps.cfg` must be the same
@@ -52,35 +53,6 @@ fn shortest_counterexample_len(variant: Variant) -> usize {
     }
 }
 
-struct Outcome {
-    distinct: usize,
-    generated: usize,
-    max_depth: usize,
-    done: bool,
-    discoveries: HashMap<&'static str, Path<State, Action>>,
-    seconds: f64,
-}
-
-fn check_exhaustively(model: AwaStagedFollowUps) -> Outcome {
-    let start = Instant::now();
-    let checker = model.checker().threads(1).spawn_bfs().join();
-    Outcome {
-        distinct: checker.unique_state_count(),
-        generated: checker.state_count(),
-        max_depth: checker.max_depth(),
-        done: checker.is_done(),
-        discoveries: checker.discoveries(),
-        seconds: start.elapsed().as_secs_f64(),
-    }
-}
-
-fn violated(outcome: &Outcome) -> BTreeSet<&'static str> {
-    INVARIANTS
-        .into_iter()
-        .filter(|name| outcome.discoveries.contains_key(name))
-        .collect()
-}
-
 fn holds(name: &str, s: &State) -> bool {
     match name {
         "FollowUpTracesToCommit" => s.follow_up_traces_to_commit(),
@@ -89,33 +61,6 @@ fn holds(name: &str, s: &State) -> bool {
         "OnlyCurrentLeaseCompletes" => s.only_current_lease_completes(),
         other => panic!("unknown invariant {other}"),
     }
-}
-
-/// The shortest path to a state violating `invariant`, by breadth-first
-/// searches bounded at increasing depths.
-fn shortest_counterexample(variant: Variant, invariant: &'static str) -> Path<State, Action> {
-    for depth in 2..=64 {
-        let checker = AwaStagedFollowUps::new(variant)
-            .checker()
-            .threads(1)
-            .target_max_depth(depth)
-            .finish_when(HasDiscoveries::AnyOf([invariant].into_iter().collect()))
-            .spawn_bfs()
-            .join();
-        if let Some(path) = checker.discovery(invariant) {
-            return path;
-        }
-    }
-    panic!("{}: no counterexample within 64 steps", variant.name());
-}
-
-fn render(path: &Path<State, Action>) -> String {
-    path.clone()
-        .into_actions()
-        .iter()
-        .enumerate()
-        .map(|(i, a)| format!("  {:>2}. {a:?}\n", i + 1))
-        .collect()
 }
 
 fn check_positive(model: AwaStagedFollowUps, expected_distinct: usize) {
@@ -195,7 +140,7 @@ fn correct_protocol_on_the_per_job_path_with_three_finalize_tries() {
 fn check_negative(variant: Variant) {
     let expected = variant.expected_violation().expect("a seeded bug");
     let outcome = check_exhaustively(AwaStagedFollowUps::new(variant));
-    let violated = violated(&outcome);
+    let violated = outcome.violated(&INVARIANTS);
     println!(
         "{}: {} distinct states ({} generated) in {:.2}s; violates {:?}",
         variant.name(),
@@ -221,7 +166,8 @@ fn check_negative(variant: Variant) {
     }
     assert!(!holds(expected, any.last_state()));
 
-    let path = shortest_counterexample(variant, expected);
+    let path = shortest_counterexample(|| AwaStagedFollowUps::new(variant), expected)
+        .unwrap_or_else(|| panic!("{}: no counterexample within 64 steps", variant.name()));
     println!(
         "{} violates {expected}; shortest counterexample:\n{}",
         variant.name(),
@@ -268,27 +214,6 @@ fn batch_inserts_unmatched_violates_follow_up_traces_to_commit() {
 
 // ---------------------------------------------------------------------------
 // The TLA+ files stay in step with the twin.
-
-fn storage_file(name: &str) -> String {
-    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "storage", name]
-        .iter()
-        .collect();
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// The definitions (`Name ==` or `Name(args) ==` at the start of a line).
-fn tla_definitions(tla: &str) -> BTreeSet<String> {
-    tla.lines()
-        .filter(|line| line.contains("=="))
-        .filter_map(|line| {
-            let name: String = line
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            (!name.is_empty()).then_some(name)
-        })
-        .collect()
-}
 
 #[test]
 fn tla_module_defines_every_twin_name() {
@@ -361,12 +286,7 @@ fn cfg_files_match_the_twin() {
         // The numbers correctness/tlc.py holds TLC to are read from these comments, so they
         // must be the twin's: a positive cfg names its distinct-state count, a negative one
         // the length of its shortest counterexample.
-        let comments = cfg
-            .lines()
-            .filter_map(|line| line.trim().strip_prefix("\\*"))
-            .map(str::trim)
-            .collect::<Vec<_>>()
-            .join(" ");
+        let comments = cfg_comments(&cfg);
         let claim = match variant.expected_violation() {
             None if model.batch_follow_ups => {
                 format!("finds {POSITIVE_DISTINCT_STATES} distinct states")

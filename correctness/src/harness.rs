@@ -1,0 +1,121 @@
+//! What every model's CI check does the same way, whatever the model: an
+//! exhaustive single-threaded breadth-first search, the shortest counterexample
+//! by iterative deepening (what TLC's breadth-first search reports), a printable
+//! trace, and reading the `.tla` / `.cfg` files the twin is held to.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use stateright::{Checker, HasDiscoveries, Model, Path};
+
+/// What an exhaustive search found.
+pub struct Outcome<S, A> {
+    pub distinct: usize,
+    pub generated: usize,
+    pub max_depth: usize,
+    pub done: bool,
+    /// A path to each property that was discovered (a violated invariant or a
+    /// reached witness), by its name.
+    pub discoveries: HashMap<&'static str, Path<S, A>>,
+    pub seconds: f64,
+}
+
+impl<S, A> Outcome<S, A> {
+    /// Which of `invariants` the search found violated.
+    pub fn violated(&self, invariants: &[&'static str]) -> BTreeSet<&'static str> {
+        invariants
+            .iter()
+            .copied()
+            .filter(|name| self.discoveries.contains_key(name))
+            .collect()
+    }
+}
+
+/// Search `model` exhaustively, breadth first, on one thread (so the counts are
+/// the same on every run).
+pub fn check_exhaustively<M>(model: M) -> Outcome<M::State, M::Action>
+where
+    M: Model + Send + Sync + 'static,
+    M::State: Clone + Debug + Eq + Hash + Send + Sync + 'static,
+    M::Action: Clone + Debug + Eq + Send + Sync + 'static,
+{
+    let start = Instant::now();
+    let checker = model.checker().threads(1).spawn_bfs().join();
+    Outcome {
+        distinct: checker.unique_state_count(),
+        generated: checker.state_count(),
+        max_depth: checker.max_depth(),
+        done: checker.is_done(),
+        discoveries: checker.discoveries(),
+        seconds: start.elapsed().as_secs_f64(),
+    }
+}
+
+/// The shortest path to a state violating `invariant`, by breadth-first
+/// searches of `model()` bounded at increasing depths (up to 64 actions).
+pub fn shortest_counterexample<M>(
+    model: impl Fn() -> M,
+    invariant: &'static str,
+) -> Option<Path<M::State, M::Action>>
+where
+    M: Model + Send + Sync + 'static,
+    M::State: Clone + Debug + Eq + Hash + Send + Sync + 'static,
+    M::Action: Clone + Debug + Eq + Send + Sync + 'static,
+{
+    (2..=64).find_map(|depth| {
+        model()
+            .checker()
+            .threads(1)
+            .target_max_depth(depth)
+            .finish_when(HasDiscoveries::AnyOf([invariant].into_iter().collect()))
+            .spawn_bfs()
+            .join()
+            .discovery(invariant)
+    })
+}
+
+/// A path as a numbered list of its actions (TLA+ action instances).
+pub fn render<S: Clone, A: Clone + Debug>(path: &Path<S, A>) -> String {
+    path.clone()
+        .into_actions()
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("  {:>2}. {a:?}\n", i + 1))
+        .collect()
+}
+
+/// The text of `correctness/storage/<name>`.
+pub fn storage_file(name: &str) -> String {
+    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "storage", name]
+        .iter()
+        .collect();
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The definitions of a TLA+ module (`Name ==` or `Name(args) ==` at the start
+/// of a line).
+pub fn tla_definitions(tla: &str) -> BTreeSet<String> {
+    tla.lines()
+        .filter(|line| line.contains("=="))
+        .filter_map(|line| {
+            let name: String = line
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            (!name.is_empty()).then_some(name)
+        })
+        .collect()
+}
+
+/// The comment text of a `.cfg` file (every `\*` line, joined by spaces): where
+/// a configuration states the numbers `correctness/tlc.py` holds TLC to.
+pub fn cfg_comments(cfg: &str) -> String {
+    cfg.lines()
+        .filter_map(|line| line.trim().strip_prefix("\\*"))
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
