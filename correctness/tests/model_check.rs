@@ -19,9 +19,7 @@ use awa_correctness::harness::{
     cfg_comments, check_exhaustively, render, shortest_counterexample, storage_file,
     tla_definitions,
 };
-use awa_correctness::staged_follow_ups::{
-    Action, State, ACTIONS, DEADLOCK_FREE, INVARIANTS, WITNESSES,
-};
+use awa_correctness::staged_follow_ups::{State, ACTIONS, DEADLOCK_FREE, INVARIANTS, WITNESSES};
 use awa_correctness::{AwaStagedFollowUps, Variant};
 
 /// Distinct states of the correct protocol with the `.cfg` constants. TLC's

@@ -22,7 +22,7 @@ use awa_correctness::harness::{
     tla_definitions,
 };
 use awa_correctness::queue_rotation::{
-    Action, State, Variant, ACTIONS, DEADLOCK_FREE, INVARIANTS, POSITIVE_INVARIANTS, WITNESSES,
+    State, Variant, ACTIONS, DEADLOCK_FREE, INVARIANTS, POSITIVE_INVARIANTS, WITNESSES,
 };
 use awa_correctness::AwaQueueRotation;
 
