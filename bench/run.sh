@@ -4,6 +4,8 @@
 #   bash bench/run.sh            # full run: the issue's sizes, 5 interleaved rounds (~30 min
 #                                # on 2 cores, plus ~10 min of release builds the first time)
 #   bash bench/run.sh --quick    # smoke run: small sizes, 1 round (~3-4 min warm)
+#   bash bench/run.sh --soak     # the soak (bench/soak.py): 30 min per system of steady load,
+#                                # dead tuples, size and backlog; --duration-s N for a short one
 #
 # Outputs, written together by one run (the report is generated whole from the JSON):
 #   full:    docs/benchmarks.json (every run), docs/benchmarks.md (the report), docs/benchmarks.png
@@ -43,11 +45,13 @@ PROCRASTINATE_REQ="${PROCRASTINATE_REQ:-procrastinate==3.10.0 psycopg[binary,poo
 PLOT_REQ="${PLOT_REQ:-matplotlib==3.11.2}"
 
 BUILD=1
+SOAK=0
 PASS=()
 for a in "$@"; do
     case "$a" in
         --no-build) BUILD=0 ;;
-        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+        --soak) SOAK=1 ;;
+        -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
         *) PASS+=("$a") ;;
     esac
 done
@@ -85,8 +89,15 @@ if [ "$BUILD" = 1 ]; then
     (cd "$ROOT" && "$VENV/bin/maturin" build --quiet --release --out bench/.wheel >&2)
     "$VENVS/awa/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
         "$(ls "$BENCH"/.wheel/awa_queue-*.whl | head -n1)"
-    log "building the Rust bench binary (release, $BENCH_TARGET; a few minutes on a cold cache)"
-    CARGO_TARGET_DIR="$BENCH_TARGET" cargo build --quiet --release --manifest-path "$BENCH/rust/Cargo.toml"
+    if [ "$SOAK" = 0 ]; then
+        log "building the Rust bench binary (release, $BENCH_TARGET; a few minutes on a cold cache)"
+        CARGO_TARGET_DIR="$BENCH_TARGET" cargo build --quiet --release --manifest-path "$BENCH/rust/Cargo.toml"
+    fi
+fi
+
+if [ "$SOAK" = 1 ]; then
+    log "running the soak"
+    exec "$PY" "$BENCH/soak.py" --command "bash bench/run.sh --soak${PASS[*]:+ ${PASS[*]}}" ${PASS[@]+"${PASS[@]}"}
 fi
 
 log "running the benchmark"

@@ -20,6 +20,7 @@ from common import (
     pace_inserts,
     psql,
     psql_int,
+    soak_loop,
     wait_drained,
 )
 
@@ -289,6 +290,33 @@ async def latency(flavour: Flavour, args: Any) -> dict[str, Any]:
     return result
 
 
+async def soak(flavour: Flavour, args: Any) -> dict[str, Any]:
+    """A steady offered load for a long time, completed jobs pruned after ``--retention-s``:
+    what the database looks like after it (dead tuples, size, backlog), not how fast it goes."""
+    client = awa.AsyncClient(args.url, max_connections=flavour.pool_size)
+    handled = [0]
+
+    @client.task(Noop, queue=QUEUE)
+    async def noop_handler(job: Any) -> None:
+        handled[0] += 1
+
+    # Only keywords both packages have (awa-pg's pruner interval is fixed; ours is left at its
+    # default, 60 s, to match).
+    settings = {"poll_interval_ms": args.poll_ms, "completed_retention_hours": args.retention_s / 3600.0}
+    await client.start(flavour.queues(args.workers), **settings)
+    bulk = getattr(client, flavour.setup_api)
+
+    async def insert_batch(first: int, n: int) -> None:
+        await bulk([Noop(i=first + k) for k in range(n)], queue=QUEUE)
+
+    out = await soak_loop(args, insert_batch, handled)
+    await client.shutdown()
+    await client.close()
+    out["settings"] = (f"start({flavour.queues(args.workers)!r}, {settings}), inserts: {flavour.setup_api} "
+                       f"every 50 ms" + (f", engine={flavour.engine}" if flavour.name == "awa-pg" else ""))
+    return out
+
+
 def workloads(flavour: Flavour) -> dict[str, Workload]:
     def bind(fn: Any) -> Any:
         return lambda a: fn(flavour, a)
@@ -300,4 +328,5 @@ def workloads(flavour: Flavour) -> dict[str, Workload]:
         "drain": Workload(bind(drain), setup=bind(setup_noop_jobs), verify=bind(verify_drain)),
         "latency": Workload(bind(latency), setup=bind(setup_schema)),
         "staging": Workload(bind(staging), setup=bind(setup_stage_jobs), verify=bind(verify_staging)),
+        "soak": Workload(bind(soak), setup=bind(setup_schema)),
     }

@@ -33,7 +33,7 @@ from typing import Any
 RESULT_PREFIX = "BENCH_RESULT "
 QUEUE = "bench"
 FOLLOW_UP_QUEUE = "bench_followups"
-WORKLOADS = ("enqueue_single", "enqueue_bulk_count", "enqueue_bulk_jobs", "drain", "latency", "staging")
+WORKLOADS = ("enqueue_single", "enqueue_bulk_count", "enqueue_bulk_jobs", "drain", "latency", "staging", "soak")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,6 +46,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--interval-ms", type=float, default=20.0, help="latency: gap between inserts")
     p.add_argument("--poll-ms", type=int, default=50, help="poll interval where a system has one")
     p.add_argument("--timeout-s", type=float, default=900.0, help="give up on a drain after this")
+    p.add_argument("--rate", type=float, default=1000.0, help="soak: offered load, jobs per second")
+    p.add_argument("--duration-s", type=float, default=1800.0, help="soak: how long to offer it")
+    p.add_argument("--sample-s", type=float, default=5.0, help="soak: seconds between database samples")
+    p.add_argument("--retention-s", type=float, default=10.0, help="soak: completed-job retention")
     return p.parse_args(argv)
 
 
@@ -143,6 +147,74 @@ async def pace_inserts(
         "from_commit_p99_ms": percentile(lat_commit, 99),
         "insert_call_p50_ms": percentile(insert_ms, 50),
     }
+
+
+# One sample of what a sustained load leaves in the database: every user table's dead and live
+# tuples (as the statistics collector last heard of them), vacuums so far, the database's size
+# on disk and the WAL position. Queue-agnostic: it names no system's tables.
+SOAK_SAMPLE_SQL = """
+SELECT coalesce(sum(n_dead_tup), 0), coalesce(sum(n_live_tup), 0),
+       coalesce(sum(autovacuum_count + vacuum_count), 0),
+       pg_database_size(current_database()),
+       pg_current_wal_lsn() - '0/0'::pg_lsn
+FROM pg_stat_user_tables
+"""
+
+
+def soak_sample(url: str) -> dict[str, int]:
+    row = psql(url, SOAK_SAMPLE_SQL)[0]
+    dead, live, vacuums, size, wal = (int(float(v)) for v in row)
+    return {"dead_tuples": dead, "live_tuples": live, "vacuums": vacuums, "db_bytes": size, "wal_bytes": wal}
+
+
+async def soak_loop(
+    args: argparse.Namespace,
+    insert_batch: Callable[[int, int], Awaitable[Any]],
+    handled: list[int],
+) -> dict[str, Any]:
+    """Offer ``args.rate`` jobs per second for ``args.duration_s`` (a batch every 50 ms through
+    ``insert_batch(first_index, n)``, the system's own bulk insert) into a started worker whose
+    handlers count into ``handled[0]``; sample the database every ``args.sample_s``. The
+    backlog is what was inserted and not yet handled. Returns the samples and the figures the
+    soak targets are judged on (the orchestrator, ``bench/soak.py``, judges them)."""
+    tick = 0.05
+    per_tick = args.rate * tick
+    inserted = 0
+    owed = 0.0
+    samples: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+
+    async def sample(t: float) -> None:
+        db = await loop.run_in_executor(None, soak_sample, args.url)
+        samples.append({"t": round(t, 3), "inserted": inserted, "handled": handled[0],
+                        "backlog": inserted - handled[0], **db})
+
+    t0 = time.perf_counter()
+    await sample(0.0)
+    next_sample = args.sample_s
+    n_ticks = 0
+    while True:
+        now = time.perf_counter() - t0
+        if now >= args.duration_s:
+            break
+        owed += per_tick
+        n = int(owed)
+        if n:
+            owed -= n
+            await insert_batch(inserted, n)
+            inserted += n
+        if now >= next_sample:
+            await sample(now)
+            next_sample += args.sample_s
+        n_ticks += 1
+        delay = t0 + n_ticks * tick - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+    seconds = time.perf_counter() - t0
+    await sample(seconds)
+    return {"rate": args.rate, "duration_s": args.duration_s, "seconds": seconds, "inserted": inserted,
+            "handled": handled[0], "offered_per_s": inserted / seconds, "handled_per_s": handled[0] / seconds,
+            "retention_s": args.retention_s, "samples": samples}
 
 
 def emit(payload: dict[str, Any]) -> None:
