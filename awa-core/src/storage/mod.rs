@@ -13,6 +13,7 @@ pub mod insert;
 pub mod key_rewrite;
 pub mod migrations;
 pub mod pool;
+pub mod queue_storage;
 pub mod runtime_instances;
 
 /// Send the wake-up hint (`awa:<queue>` NOTIFY) for each queue; listeners re-claim at once,

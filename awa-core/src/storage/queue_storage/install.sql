@@ -1,0 +1,452 @@
+-- Queue storage (issue 18; docs/queue-storage-design.md): the append-only substrate and its hot
+-- path. `{s}` is the substrate schema (a checked identifier), `{q}` the number of queue slots,
+-- `{l}` the number of lease slots; children are created by the installer.
+--
+-- Rules every function here keeps (correctness/storage/AwaQueueRotation.tla):
+-- - a ready entry is never updated or deleted; a slot loses its rows only by TRUNCATE, after
+--   carrying forward whatever in it is still live;
+-- - a producer holds its transaction id before it draws a seq (`hold_xid` trigger), so the
+--   claim cursor's stable point can be derived from the xmin horizon;
+-- - a lease row is the attempt's guard: whatever deletes it owns the attempt's outcome.
+
+CREATE SCHEMA IF NOT EXISTS {s};
+
+-- One seq for every lane: order within a lane; gaps (other lanes, rolled-back producers) are
+-- passed like consumed entries.
+CREATE SEQUENCE {s}.qs_seq;
+
+CREATE TABLE {s}.queue_ring_state (
+    singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    current    integer NOT NULL,
+    slots      integer NOT NULL,
+    generation bigint  NOT NULL
+);
+CREATE TABLE {s}.queue_ring_slots (
+    slot       integer PRIMARY KEY,
+    generation bigint  NOT NULL,
+    opened_at  timestamptz
+);
+CREATE TABLE {s}.lease_ring_state (
+    singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    current    integer NOT NULL,
+    slots      integer NOT NULL
+);
+
+-- Ready entries: appended, never updated. A lane is (queue, priority).
+CREATE TABLE {s}.ready_entries (
+    slot         integer     NOT NULL,
+    generation   bigint      NOT NULL,
+    queue        text        NOT NULL,
+    priority     smallint    NOT NULL,
+    seq          bigint      NOT NULL,
+    id           bigint      NOT NULL,
+    kind         text        NOT NULL,
+    args         jsonb       NOT NULL,
+    attempt      integer     NOT NULL,
+    max_attempts integer     NOT NULL,
+    run_lease    bigint      NOT NULL,
+    created_at   timestamptz NOT NULL,
+    metadata     jsonb       NOT NULL,
+    tags         text[]      NOT NULL,
+    errors       jsonb       NOT NULL
+) PARTITION BY LIST (slot);
+
+-- What claims consumed: one narrow row per claimed entry. (Not ranges: a range between two
+-- claimed seqs could cover an entry whose producer commits after the claim.)
+CREATE TABLE {s}.claimed_entries (
+    slot     integer  NOT NULL,
+    queue    text     NOT NULL,
+    priority smallint NOT NULL,
+    seq      bigint   NOT NULL
+) PARTITION BY LIST (slot);
+
+-- The claim cursor of each lane and its stable point: every seq at or below `stable_seq` is
+-- committed or gone. `cand_*` is the next stable point, confirmed once every transaction that
+-- could hold a seq at or below `cand_seq` has ended (`cand_xmax` <= the xmin horizon).
+CREATE TABLE {s}.lanes (
+    queue      text     NOT NULL,
+    priority   smallint NOT NULL,
+    cursor     bigint   NOT NULL DEFAULT 0,
+    stable_seq bigint   NOT NULL DEFAULT 0,
+    cand_seq   bigint   NOT NULL DEFAULT 0,
+    cand_xmax  xid8     NOT NULL DEFAULT '0'::xid8,
+    PRIMARY KEY (queue, priority)
+) WITH (fillfactor = 50);
+
+-- One row per running attempt, in the lease ring.
+CREATE TABLE {s}.leases (
+    lease_slot   integer     NOT NULL,
+    id           bigint      NOT NULL,
+    run_lease    bigint      NOT NULL,
+    queue        text        NOT NULL,
+    priority     smallint    NOT NULL,
+    slot         integer     NOT NULL,
+    generation   bigint      NOT NULL,
+    seq          bigint      NOT NULL,
+    attempt      integer     NOT NULL,
+    heartbeat_at timestamptz NOT NULL,
+    attempted_at timestamptz NOT NULL
+) PARTITION BY LIST (lease_slot);
+
+-- Completions: one narrow row per batched completion statement and queue slot.
+CREATE TABLE {s}.receipts (
+    slot         integer     NOT NULL,
+    generation   bigint      NOT NULL,
+    seqs         bigint[]    NOT NULL,
+    finalized_at timestamptz NOT NULL
+) PARTITION BY LIST (slot);
+
+-- Failed and cancelled attempts (narrow: the entry keeps the payload).
+CREATE TABLE {s}.done_entries (
+    slot         integer     NOT NULL,
+    generation   bigint      NOT NULL,
+    seq          bigint      NOT NULL,
+    state        text        NOT NULL,
+    errors       jsonb       NOT NULL,
+    finalized_at timestamptz NOT NULL
+) PARTITION BY LIST (slot);
+
+-- Scheduled, retryable and snoozed jobs: whole rows, few at a time.
+CREATE TABLE {s}.deferred_jobs (
+    id           bigint PRIMARY KEY,
+    state        text        NOT NULL,
+    queue        text        NOT NULL,
+    priority     smallint    NOT NULL,
+    kind         text        NOT NULL,
+    args         jsonb       NOT NULL,
+    attempt      integer     NOT NULL,
+    max_attempts integer     NOT NULL,
+    run_lease    bigint      NOT NULL,
+    run_at       timestamptz NOT NULL,
+    created_at   timestamptz NOT NULL,
+    metadata     jsonb       NOT NULL,
+    tags         text[]      NOT NULL,
+    errors       jsonb       NOT NULL
+);
+CREATE INDEX ON {s}.deferred_jobs (run_at);
+
+-- A producer holds its transaction id before it draws a seq (once per statement; COPY too).
+CREATE FUNCTION {s}.qs_hold_xid() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_current_xact_id();
+    RETURN NULL;
+END $$;
+CREATE TRIGGER qs_hold_xid BEFORE INSERT ON {s}.ready_entries
+    FOR EACH STATEMENT EXECUTE FUNCTION {s}.qs_hold_xid();
+
+-- The current queue slot and its generation (a producer appends there).
+CREATE FUNCTION {s}.qs_current_slot(OUT slot integer, OUT generation bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT r.current, s.generation FROM {s}.queue_ring_state r
+    JOIN {s}.queue_ring_slots s ON s.slot = r.current
+$$;
+
+-- Insert due jobs: one ready entry each in the current slot; returns the ids.
+CREATE FUNCTION {s}.qs_enqueue(p_queue text, p_priority smallint, p_kinds text[], p_args jsonb[],
+                            p_max_attempts integer DEFAULT 25)
+RETURNS SETOF bigint LANGUAGE plpgsql AS $$
+DECLARE
+    cur record;
+BEGIN
+    SELECT * INTO cur FROM {s}.qs_current_slot();
+    RETURN QUERY
+    INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args, attempt,
+                                   max_attempts, run_lease, created_at, metadata, tags, errors)
+    SELECT cur.slot, cur.generation, p_queue, p_priority, nextval('{s}.qs_seq'),
+           nextval('awa.jobs_id_seq'), k, a, 0, p_max_attempts, 0, now(), '{}', '{}', '[]'
+    FROM unnest(p_kinds, p_args) AS t(k, a)
+    RETURNING id;
+END $$;
+
+-- Claim up to p_n entries of a lane: lock the lane, confirm the stable point if its
+-- transactions have ended, take the lowest committed unclaimed entries at or above the cursor,
+-- lease them in the current lease slot, advance the cursor over the consumed prefix (never past
+-- the stable point), and record the next candidate stable point.
+CREATE FUNCTION {s}.qs_claim(p_queue text, p_priority smallint, p_n integer)
+RETURNS TABLE (id bigint, run_lease bigint, kind text, args jsonb, attempt integer,
+               slot integer, seq bigint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    lane   {s}.lanes;
+    lslot  integer;
+    v_seq  bigint;
+    v_xmax xid8;
+    next_cursor bigint;
+BEGIN
+    -- Lock order, everywhere: leases, then a queue slot's tables (reclaim_queue takes leases in
+    -- EXCLUSIVE mode before its slot; a claim must not hold a slot's lock while it waits).
+    LOCK TABLE {s}.leases IN ROW EXCLUSIVE MODE;
+    -- Lanes are created by claimers, never by producers: a producer that created one would make
+    -- every other producer of the lane wait for its commit (ON CONFLICT waits on an insert in
+    -- progress).
+    INSERT INTO {s}.lanes (queue, priority) VALUES (p_queue, p_priority) ON CONFLICT DO NOTHING;
+    SELECT * INTO lane FROM {s}.lanes l WHERE l.queue = p_queue AND l.priority = p_priority FOR UPDATE;
+    -- A new statement, so a new snapshot: it sees every claim that committed while we waited.
+    IF lane.cand_xmax <= pg_snapshot_xmin(pg_current_snapshot()) THEN
+        lane.stable_seq := greatest(lane.stable_seq, lane.cand_seq);
+        -- The seq first, then the horizon: a producer that drew a seq at or below v_seq got
+        -- its xid before that, so below v_xmax.
+        v_seq := (SELECT last_value FROM {s}.qs_seq);
+        v_xmax := pg_snapshot_xmax(pg_current_snapshot());
+        lane.cand_seq := v_seq;
+        lane.cand_xmax := v_xmax;
+    END IF;
+    SELECT r.current INTO lslot FROM {s}.lease_ring_state r;
+
+    RETURN QUERY
+    WITH picked AS (
+        SELECT e.id, e.run_lease + 1 AS run_lease, e.kind, e.args, e.attempt + 1 AS attempt,
+               e.slot, e.generation, e.seq
+        FROM {s}.ready_entries e
+        WHERE e.queue = p_queue AND e.priority = p_priority AND e.seq >= lane.cursor
+          AND NOT EXISTS (SELECT 1 FROM {s}.claimed_entries c
+                          WHERE c.queue = p_queue AND c.priority = p_priority AND c.seq = e.seq)
+        ORDER BY e.seq
+        LIMIT p_n
+    ), consumed AS (
+        INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
+        SELECT p.slot, p_queue, p_priority, p.seq FROM picked p
+    ), leased AS (
+        INSERT INTO {s}.leases (lease_slot, id, run_lease, queue, priority, slot, generation, seq,
+                                attempt, heartbeat_at, attempted_at)
+        SELECT lslot, p.id, p.run_lease, p_queue, p_priority, p.slot, p.generation, p.seq,
+               p.attempt, now(), now()
+        FROM picked p
+    )
+    SELECT p.id, p.run_lease, p.kind, p.args, p.attempt, p.slot, p.seq FROM picked p;
+
+    -- The cursor: the lowest unclaimed committed seq at or above it, capped at the stable point
+    -- plus one (every seq at or below the stable point is committed or gone).
+    SELECT min(e.seq) INTO next_cursor
+    FROM {s}.ready_entries e
+    WHERE e.queue = p_queue AND e.priority = p_priority AND e.seq >= lane.cursor
+      AND e.seq <= lane.stable_seq
+      AND NOT EXISTS (SELECT 1 FROM {s}.claimed_entries c
+                      WHERE c.queue = p_queue AND c.priority = p_priority AND c.seq = e.seq);
+    lane.cursor := greatest(lane.cursor, coalesce(next_cursor, lane.stable_seq + 1));
+    UPDATE {s}.lanes l SET cursor = lane.cursor, stable_seq = lane.stable_seq,
+        cand_seq = lane.cand_seq, cand_xmax = lane.cand_xmax
+    WHERE l.queue = p_queue AND l.priority = p_priority;
+
+    RETURN;
+END $$;
+
+-- Complete a batch: the lease delete is the guard; one receipt per queue slot for exactly the
+-- leases deleted. Returns the ids completed.
+CREATE FUNCTION {s}.qs_complete(p_ids bigint[], p_leases bigint[])
+RETURNS SETOF bigint LANGUAGE sql AS $$
+    WITH done AS (
+        DELETE FROM {s}.leases l
+        USING unnest(p_ids, p_leases) AS t(id, run_lease)
+        WHERE l.id = t.id AND l.run_lease = t.run_lease
+        RETURNING l.id, l.slot, l.generation, l.seq
+    ), receipt AS (
+        INSERT INTO {s}.receipts (slot, generation, seqs, finalized_at)
+        SELECT d.slot, d.generation, array_agg(d.seq), now() FROM done d GROUP BY d.slot, d.generation
+    )
+    SELECT d.id FROM done d
+$$;
+
+-- Rescue: leases whose heartbeat is older than p_stale are deleted (so a late completion of
+-- that attempt finds no guard) and their jobs deferred as retryable, or failed when out of
+-- attempts. Returns the ids rescued.
+CREATE FUNCTION {s}.qs_rescue(p_stale interval)
+RETURNS SETOF bigint LANGUAGE sql AS $$
+    WITH gone AS (
+        DELETE FROM {s}.leases l WHERE l.heartbeat_at < now() - p_stale
+        RETURNING l.id, l.run_lease, l.slot, l.generation, l.seq, l.attempt, l.queue, l.priority
+    ), rows AS (
+        SELECT g.*, e.kind, e.args, e.max_attempts, e.created_at, e.metadata, e.tags,
+               e.errors || jsonb_build_array(jsonb_build_object(
+                   'attempt', g.attempt, 'error', 'rescued: heartbeat stale', 'at', now())) AS errors
+        FROM gone g JOIN {s}.ready_entries e
+          ON e.slot = g.slot AND e.queue = g.queue AND e.priority = g.priority AND e.seq = g.seq
+    ), retry AS (
+        INSERT INTO {s}.deferred_jobs (id, state, queue, priority, kind, args, attempt,
+            max_attempts, run_lease, run_at, created_at, metadata, tags, errors)
+        SELECT r.id, 'retryable', r.queue, r.priority, r.kind, r.args, r.attempt, r.max_attempts,
+               r.run_lease, now(), r.created_at, r.metadata, r.tags, r.errors
+        FROM rows r WHERE r.attempt < r.max_attempts
+    ), dead AS (
+        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at)
+        SELECT r.slot, r.generation, r.seq, 'failed', r.errors, now()
+        FROM rows r WHERE r.attempt >= r.max_attempts
+    )
+    SELECT r.id FROM rows r
+$$;
+
+-- Promote due deferred jobs: delete them and append a ready entry each (same id, attempt and
+-- run lease) in the current slot.
+CREATE FUNCTION {s}.qs_promote()
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    cur record;
+    n bigint;
+BEGIN
+    SELECT * INTO cur FROM {s}.qs_current_slot();
+    WITH due AS (
+        DELETE FROM {s}.deferred_jobs d WHERE d.run_at <= now() RETURNING d.*
+    ), ins AS (
+        INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
+            attempt, max_attempts, run_lease, created_at, metadata, tags, errors)
+        SELECT cur.slot, cur.generation, d.queue, d.priority, nextval('{s}.qs_seq'), d.id, d.kind,
+               d.args, d.attempt, d.max_attempts, d.run_lease, d.created_at, d.metadata, d.tags,
+               d.errors
+        FROM (SELECT * FROM due ORDER BY priority, run_at, id) d
+        RETURNING 1
+    )
+    SELECT count(*) INTO n FROM ins;
+    RETURN n;
+END $$;
+
+-- Rotate the queue ring: when the next slot is empty (reclaimed), make it current under a new
+-- generation. Returns the new current slot, or NULL when the next slot still holds rows.
+CREATE FUNCTION {s}.qs_rotate_queue()
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    st {s}.queue_ring_state;
+    nxt integer;
+    busy boolean;
+BEGIN
+    SELECT * INTO st FROM {s}.queue_ring_state FOR UPDATE;
+    nxt := (st.current + 1) % st.slots;
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM {s}.ready_entries_%s) OR EXISTS (SELECT 1 FROM {s}.done_entries_%s)'
+                   ' OR EXISTS (SELECT 1 FROM {s}.receipts_%s)', nxt, nxt, nxt) INTO busy;
+    IF busy THEN
+        RETURN NULL;
+    END IF;
+    UPDATE {s}.queue_ring_slots SET generation = st.generation + 1, opened_at = now() WHERE slot = nxt;
+    UPDATE {s}.queue_ring_state SET current = nxt, generation = st.generation + 1;
+    RETURN nxt;
+END $$;
+
+-- Reclaim the oldest queue slot (the one after the current): in one transaction holding
+-- ACCESS EXCLUSIVE on its children, carry forward what is still live into the current slot
+-- (unconsumed entries with a new seq; entries of open leases as consumed, the lease pointed at
+-- the copy), then TRUNCATE. Refused (NULL) while the slot is current or its completed history
+-- is younger than p_retention. Returns the number of entries carried forward.
+CREATE FUNCTION {s}.qs_reclaim_queue(p_retention interval)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    st {s}.queue_ring_state;
+    old integer;
+    cur record;
+    young boolean;
+    carried bigint := 0;
+    n bigint;
+BEGIN
+    SELECT * INTO st FROM {s}.queue_ring_state FOR UPDATE;
+    old := (st.current + 1) % st.slots;
+    IF old = st.current THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_current_xact_id();  -- we draw seqs: hold an xid first, as producers do
+    -- Leases first (completions delete leases, then write a receipt into the entry's slot).
+    LOCK TABLE {s}.leases IN EXCLUSIVE MODE;
+    EXECUTE format('LOCK TABLE {s}.ready_entries_%1$s, {s}.claimed_entries_%1$s, {s}.receipts_%1$s,'
+                   ' {s}.done_entries_%1$s IN ACCESS EXCLUSIVE MODE', old);
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM {s}.receipts_%1$s WHERE finalized_at > now() - $1)'
+                   ' OR EXISTS (SELECT 1 FROM {s}.done_entries_%1$s WHERE finalized_at > now() - $1)', old)
+        INTO young USING p_retention;
+    IF young THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO cur FROM {s}.qs_current_slot();
+
+    -- Unconsumed entries: appended again with a new seq (nothing claimed them, nothing points
+    -- at them).
+    EXECUTE format($f$
+        INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
+            attempt, max_attempts, run_lease, created_at, metadata, tags, errors)
+        SELECT $1, $2, e.queue, e.priority, nextval('{s}.qs_seq'), e.id, e.kind, e.args,
+               e.attempt, e.max_attempts, e.run_lease, e.created_at, e.metadata, e.tags, e.errors
+        FROM (SELECT * FROM {s}.ready_entries_%1$s o
+              WHERE NOT EXISTS (SELECT 1 FROM {s}.claimed_entries_%1$s c
+                                WHERE c.queue = o.queue AND c.priority = o.priority AND c.seq = o.seq)
+              ORDER BY o.seq) e$f$, old) USING cur.slot, cur.generation;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    carried := carried + n;
+
+    -- Entries of open leases: appended again as consumed, and the lease moved onto the copy in
+    -- the same statement, so no moment exists where the lease points at nothing.
+    EXECUTE format($f$
+        WITH live AS (
+            SELECT l.id AS lid, l.run_lease AS lrl, nextval('{s}.qs_seq') AS nseq, e.*
+            FROM {s}.leases l JOIN {s}.ready_entries_%1$s e
+              ON e.queue = l.queue AND e.priority = l.priority AND e.seq = l.seq
+            WHERE l.slot = %1$s
+        ), copy AS (
+            INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
+                attempt, max_attempts, run_lease, created_at, metadata, tags, errors)
+            SELECT $1, $2, v.queue, v.priority, v.nseq, v.id, v.kind, v.args, v.attempt,
+                   v.max_attempts, v.run_lease, v.created_at, v.metadata, v.tags, v.errors
+            FROM live v
+        ), mark AS (
+            INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
+            SELECT $1, v.queue, v.priority, v.nseq FROM live v
+        ), moved AS (
+            UPDATE {s}.leases l SET slot = $1, generation = $2, seq = v.nseq
+            FROM live v WHERE l.id = v.lid AND l.run_lease = v.lrl
+            RETURNING 1
+        )
+        SELECT count(*) FROM moved$f$, old) INTO n USING cur.slot, cur.generation;
+    carried := carried + n;
+
+    EXECUTE format('TRUNCATE {s}.ready_entries_%1$s, {s}.claimed_entries_%1$s, {s}.receipts_%1$s,'
+                   ' {s}.done_entries_%1$s', old);
+    RETURN carried;
+END $$;
+
+-- Truncate every lease slot that is not current and holds no lease, then move the current
+-- lease slot on to an empty one. Returns the new current lease slot.
+CREATE FUNCTION {s}.qs_rotate_leases()
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    st {s}.lease_ring_state;
+    i integer;
+    empty boolean;
+    nxt integer;
+BEGIN
+    SELECT * INTO st FROM {s}.lease_ring_state FOR UPDATE;
+    FOR i IN 0 .. st.slots - 1 LOOP
+        CONTINUE WHEN i = st.current;
+        EXECUTE format('LOCK TABLE {s}.leases_%s IN ACCESS EXCLUSIVE MODE', i);
+        EXECUTE format('SELECT NOT EXISTS (SELECT 1 FROM {s}.leases_%s)', i) INTO empty;
+        IF empty THEN
+            EXECUTE format('TRUNCATE {s}.leases_%s', i);
+            IF nxt IS NULL THEN
+                nxt := i;
+            END IF;
+        END IF;
+    END LOOP;
+    IF nxt IS NOT NULL THEN
+        UPDATE {s}.lease_ring_state SET current = nxt;
+        RETURN nxt;
+    END IF;
+    RETURN st.current;
+END $$;
+
+-- Indexes (on the parents: every child gets its own).
+CREATE INDEX ON {s}.ready_entries (queue, priority, seq);
+CREATE INDEX ON {s}.claimed_entries (queue, priority, seq);
+CREATE INDEX ON {s}.leases (id);
+CREATE INDEX ON {s}.leases (heartbeat_at);
+
+-- The children of both rings, and the rings' state: slot 0 is current, generation 1.
+DO $$
+BEGIN
+    FOR i IN 0 .. {q} - 1 LOOP
+        EXECUTE format('CREATE TABLE {s}.ready_entries_%1$s PARTITION OF {s}.ready_entries FOR VALUES IN (%1$s)', i);
+        EXECUTE format('CREATE TABLE {s}.claimed_entries_%1$s PARTITION OF {s}.claimed_entries FOR VALUES IN (%1$s)', i);
+        EXECUTE format('CREATE TABLE {s}.receipts_%1$s PARTITION OF {s}.receipts FOR VALUES IN (%1$s)', i);
+        EXECUTE format('CREATE TABLE {s}.done_entries_%1$s PARTITION OF {s}.done_entries FOR VALUES IN (%1$s)', i);
+    END LOOP;
+    FOR i IN 0 .. {l} - 1 LOOP
+        EXECUTE format('CREATE TABLE {s}.leases_%1$s PARTITION OF {s}.leases FOR VALUES IN (%1$s) WITH (fillfactor = 50)', i);
+    END LOOP;
+END $$;
+INSERT INTO {s}.queue_ring_state (current, slots, generation) VALUES (0, {q}, 1);
+INSERT INTO {s}.queue_ring_slots (slot, generation, opened_at)
+SELECT g, CASE WHEN g = 0 THEN 1 ELSE 0 END, CASE WHEN g = 0 THEN now() END FROM generate_series(0, {q} - 1) g;
+INSERT INTO {s}.lease_ring_state (current, slots) VALUES (0, {l});

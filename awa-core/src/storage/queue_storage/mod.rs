@@ -1,0 +1,253 @@
+//! Queue storage, the second engine (issue 18, `docs/queue-storage-design.md`): the
+//! append-only substrate and its hot path.
+//!
+//! **Status: the substrate, not yet an engine the runtime can select.** This module installs
+//! the tables and functions (`install.sql`) and drives the hot path directly: insert due jobs,
+//! claim through a lane's cursor and stable point, complete behind the lease guard with narrow
+//! receipts, rescue, promote, and rotate both rings, reclaiming the oldest queue slot with
+//! carry-forward and `TRUNCATE`. Its tests (`awa-core/tests/queue_storage_test.rs`) hold it to
+//! the properties the rotation model (`correctness/storage/AwaQueueRotation.tla`) checks. What
+//! is still missing before a client can run on it is listed in the design document.
+
+use crate::error::{AwaError, Result};
+use crate::storage::pool::Db;
+use serde_json::Value;
+use std::time::Duration;
+
+const INSTALL_SQL: &str = include_str!("install.sql");
+
+/// Slot counts a ring may have (awa-pg's defaults, 16 and 8, are inside).
+const SLOT_RANGE: std::ops::RangeInclusive<u32> = 2..=256;
+
+/// Where a queue-storage substrate lives and how big its rings are.
+#[derive(Debug, Clone)]
+pub struct QueueStorage {
+    schema: String,
+    queue_slots: u32,
+    lease_slots: u32,
+}
+
+/// One claimed attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    pub id: i64,
+    pub run_lease: i64,
+    pub kind: String,
+    pub args: Value,
+    pub attempt: i32,
+    pub slot: i32,
+    pub seq: i64,
+}
+
+/// A lane's claim position (for tests and status reads).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lane {
+    pub queue: String,
+    pub priority: i16,
+    pub cursor: i64,
+    pub stable_seq: i64,
+}
+
+/// What one maintenance pass of the rings did.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Rotation {
+    /// Entries carried forward out of the reclaimed queue slot, when one was reclaimed.
+    pub carried: Option<i64>,
+    /// The new current queue slot, when the ring moved.
+    pub queue_slot: Option<i32>,
+    /// The current lease slot after the pass.
+    pub lease_slot: i32,
+}
+
+impl QueueStorage {
+    /// A substrate in `schema` with the given ring sizes. The schema must be a plain lower-case
+    /// identifier (it is spliced into SQL); each ring has 2 to 256 slots.
+    pub fn new(schema: &str, queue_slots: u32, lease_slots: u32) -> Result<Self> {
+        let plain = !schema.is_empty()
+            && schema.len() <= 48
+            && schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+            && schema
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !plain {
+            return Err(AwaError::Config(format!(
+                "queue storage schema {schema:?} must be a lower-case identifier of at most 48 \
+                 characters (letters, digits, underscores; not starting with a digit)"
+            )));
+        }
+        for (name, n) in [
+            ("queue_slot_count", queue_slots),
+            ("lease_slot_count", lease_slots),
+        ] {
+            if !SLOT_RANGE.contains(&n) {
+                return Err(AwaError::Config(format!(
+                    "{name} is {n}; it must be between {} and {}",
+                    SLOT_RANGE.start(),
+                    SLOT_RANGE.end()
+                )));
+            }
+        }
+        Ok(QueueStorage {
+            schema: schema.to_string(),
+            queue_slots,
+            lease_slots,
+        })
+    }
+
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    fn name(&self, object: &str) -> String {
+        format!("{}.{object}", self.schema)
+    }
+
+    /// Whether the substrate is installed in this schema.
+    pub async fn installed(&self, pool: &Db) -> Result<bool> {
+        let found: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+            .bind(self.name("queue_ring_state"))
+            .fetch_one(pool.pool())
+            .await?;
+        Ok(found.is_some())
+    }
+
+    /// Install the substrate (tables, children of both rings, functions) in one transaction.
+    /// Needs the canonical schema (`migrate()`): job ids come from `awa.jobs_id_seq`, one
+    /// sequence for both engines. Installing where it is already installed does nothing.
+    pub async fn install(&self, pool: &Db) -> Result<()> {
+        if self.installed(pool).await? {
+            return Ok(());
+        }
+        let sql = INSTALL_SQL
+            .replace("{s}", &self.schema)
+            .replace("{q}", &self.queue_slots.to_string())
+            .replace("{l}", &self.lease_slots.to_string());
+        let mut tx = pool.begin().await?;
+        sqlx::raw_sql(&sql).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Append due jobs (one kind/args pair each) to the current slot of lane `(queue,
+    /// priority)`; returns their ids. Runs in `executor`'s transaction when it is one.
+    pub async fn enqueue<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        executor: E,
+        queue: &str,
+        priority: i16,
+        jobs: &[(String, Value)],
+    ) -> Result<Vec<i64>> {
+        let (kinds, args): (Vec<&str>, Vec<&Value>) =
+            jobs.iter().map(|(k, a)| (k.as_str(), a)).unzip();
+        let sql = format!("SELECT * FROM {}($1, $2, $3, $4)", self.name("qs_enqueue"));
+        Ok(sqlx::query_scalar(&sql)
+            .bind(queue)
+            .bind(priority)
+            .bind(kinds)
+            .bind(args)
+            .fetch_all(executor)
+            .await?)
+    }
+
+    /// Claim up to `n` jobs of lane `(queue, priority)` in seq order.
+    pub async fn claim(
+        &self,
+        pool: &Db,
+        queue: &str,
+        priority: i16,
+        n: i32,
+    ) -> Result<Vec<Claimed>> {
+        let sql = format!("SELECT * FROM {}($1, $2, $3)", self.name("qs_claim"));
+        let rows: Vec<(i64, i64, String, Value, i32, i32, i64)> = sqlx::query_as(&sql)
+            .bind(queue)
+            .bind(priority)
+            .bind(n)
+            .fetch_all(pool.pool())
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, run_lease, kind, args, attempt, slot, seq)| Claimed {
+                id,
+                run_lease,
+                kind,
+                args,
+                attempt,
+                slot,
+                seq,
+            })
+            .collect())
+    }
+
+    /// Complete attempts `(ids[i], run_leases[i])`; returns the ids whose lease was still
+    /// open (the others were rescued or already completed: stale, nothing written).
+    pub async fn complete(&self, pool: &Db, ids: &[i64], run_leases: &[i64]) -> Result<Vec<i64>> {
+        let sql = format!("SELECT * FROM {}($1, $2)", self.name("qs_complete"));
+        Ok(sqlx::query_scalar(&sql)
+            .bind(ids)
+            .bind(run_leases)
+            .fetch_all(pool.pool())
+            .await?)
+    }
+
+    /// Rescue attempts whose heartbeat is older than `stale`: retryable (or failed when out of
+    /// attempts). Returns the ids rescued.
+    pub async fn rescue(&self, pool: &Db, stale: Duration) -> Result<Vec<i64>> {
+        let sql = format!(
+            "SELECT * FROM {}(make_interval(secs => $1))",
+            self.name("qs_rescue")
+        );
+        Ok(sqlx::query_scalar(&sql)
+            .bind(stale.as_secs_f64())
+            .fetch_all(pool.pool())
+            .await?)
+    }
+
+    /// Append every due deferred job to the current slot; returns how many.
+    pub async fn promote(&self, pool: &Db) -> Result<i64> {
+        let sql = format!("SELECT {}()", self.name("qs_promote"));
+        Ok(sqlx::query_scalar(&sql).fetch_one(pool.pool()).await?)
+    }
+
+    /// One maintenance pass of the rings: reclaim the oldest queue slot if its history is
+    /// older than `retention` (carrying forward what is live), then move the queue ring on if
+    /// the next slot is empty, then truncate empty lease slots and move the lease ring on.
+    /// Each step is its own transaction.
+    pub async fn rotate(&self, pool: &Db, retention: Duration) -> Result<Rotation> {
+        let reclaim = format!(
+            "SELECT {}(make_interval(secs => $1))",
+            self.name("qs_reclaim_queue")
+        );
+        let carried: Option<i64> = sqlx::query_scalar(&reclaim)
+            .bind(retention.as_secs_f64())
+            .fetch_one(pool.pool())
+            .await?;
+        let rotate = format!("SELECT {}()", self.name("qs_rotate_queue"));
+        let queue_slot: Option<i32> = sqlx::query_scalar(&rotate).fetch_one(pool.pool()).await?;
+        let leases = format!("SELECT {}()", self.name("qs_rotate_leases"));
+        let lease_slot: i32 = sqlx::query_scalar(&leases).fetch_one(pool.pool()).await?;
+        Ok(Rotation {
+            carried,
+            queue_slot,
+            lease_slot,
+        })
+    }
+
+    /// The claim position of every lane.
+    pub async fn lanes(&self, pool: &Db) -> Result<Vec<Lane>> {
+        let sql = format!(
+            "SELECT queue, priority, cursor, stable_seq FROM {} ORDER BY queue, priority",
+            self.name("lanes")
+        );
+        let rows: Vec<(String, i16, i64, i64)> =
+            sqlx::query_as(&sql).fetch_all(pool.pool()).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(queue, priority, cursor, stable_seq)| Lane {
+                queue,
+                priority,
+                cursor,
+                stable_seq,
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,355 @@
+//! Queue storage's substrate (issue 18): the properties the rotation model checks
+//! (`correctness/storage/AwaQueueRotation.tla`), held against the real SQL.
+//!
+//! - the cursor never passes a seq whose producer has not committed (CursorNeverPassesWork);
+//! - reclaiming a slot carries forward its unclaimed entries and the entries of open leases,
+//!   and a running attempt completes through its moved lease (NothingLost, LeaseHasEntry);
+//! - a rescued attempt's lease is gone, so its late completion writes nothing
+//!   (OnlyOpenLeaseCompletes);
+//! - under concurrent producers, claimers, completers and rotation, every job is claimed
+//!   exactly once per lease (OneClaimPerLease) and none is lost.
+
+mod common;
+
+use awa_core::storage::queue_storage::QueueStorage;
+use awa_core::AwaError;
+use common::TestDb;
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const LANE: (&str, i16) = ("q", 2);
+
+async fn installed(db: &TestDb, queue_slots: u32, lease_slots: u32) -> QueueStorage {
+    let qs = QueueStorage::new("awa_qs", queue_slots, lease_slots).expect("config");
+    qs.install(&db.pool).await.expect("install");
+    qs
+}
+
+fn jobs(n: usize, tag: &str) -> Vec<(String, serde_json::Value)> {
+    (0..n)
+        .map(|i| ("k".to_string(), json!({ "tag": tag, "i": i })))
+        .collect()
+}
+
+#[tokio::test]
+async fn bad_settings_are_refused_with_the_setting_named() {
+    for (schema, q, l, needle) in [
+        ("Awa", 16, 8, "lower-case identifier"),
+        ("awa; drop", 16, 8, "lower-case identifier"),
+        ("1awa", 16, 8, "lower-case identifier"),
+        ("awa", 1, 8, "queue_slot_count is 1"),
+        ("awa", 16, 1000, "lease_slot_count is 1000"),
+    ] {
+        match QueueStorage::new(schema, q, l) {
+            Err(AwaError::Config(msg)) => assert!(msg.contains(needle), "{msg}"),
+            other => panic!("{schema} {q} {l}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn install_is_idempotent() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    assert!(qs.installed(&db.pool).await.unwrap());
+    qs.install(&db.pool)
+        .await
+        .expect("second install is a no-op");
+}
+
+#[tokio::test]
+async fn a_late_commit_is_claimed_and_the_cursor_never_passes_it() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let (queue, priority) = LANE;
+
+    // A producer draws its seq first and commits last.
+    let mut late = db.pool.begin().await.unwrap();
+    let late_ids = qs
+        .enqueue(&mut *late, queue, priority, &jobs(1, "late"))
+        .await
+        .unwrap();
+    let late_seq: i64 = sqlx::query_scalar("SELECT seq FROM awa_qs.ready_entries WHERE id = $1")
+        .bind(late_ids[0])
+        .fetch_one(&mut *late)
+        .await
+        .unwrap();
+    let early = qs
+        .enqueue(db.pool.pool(), queue, priority, &jobs(2, "early"))
+        .await
+        .unwrap();
+
+    let mut claimed = Vec::new();
+    for _ in 0..4 {
+        claimed.extend(qs.claim(&db.pool, queue, priority, 10).await.unwrap());
+        let lane = &qs.lanes(&db.pool).await.unwrap()[0];
+        assert!(
+            lane.cursor <= late_seq,
+            "the cursor ({}) passed seq {late_seq}, whose producer is still open",
+            lane.cursor
+        );
+    }
+    assert_eq!(claimed.iter().map(|c| c.id).collect::<Vec<_>>(), early);
+
+    late.commit().await.unwrap();
+    let after = qs.claim(&db.pool, queue, priority, 10).await.unwrap();
+    assert_eq!(after.iter().map(|c| c.id).collect::<Vec<_>>(), late_ids);
+    // Nothing more, ever; and the cursor catches up once the stable point passes everything.
+    // The stable point follows the cluster's xmin horizon, so a transaction of another test
+    // (another database, same cluster) can hold it back for a moment: claim until it passes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let more = qs.claim(&db.pool, queue, priority, 10).await.unwrap();
+        assert!(more.is_empty(), "claimed again: {more:?}");
+        let lane = &qs.lanes(&db.pool).await.unwrap()[0];
+        if lane.cursor > late_seq {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cursor is stuck at {} below {late_seq}",
+            lane.cursor
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn reclaim_carries_forward_unclaimed_and_running_entries() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 3, 2).await;
+    let (queue, priority) = LANE;
+    let ids = qs
+        .enqueue(db.pool.pool(), queue, priority, &jobs(4, "a"))
+        .await
+        .unwrap();
+    let running = qs.claim(&db.pool, queue, priority, 2).await.unwrap();
+    assert_eq!(running.len(), 2);
+    let done = qs
+        .complete(&db.pool, &[running[0].id], &[running[0].run_lease])
+        .await
+        .unwrap();
+    assert_eq!(done, vec![running[0].id]);
+
+    // Slot 0 holds: a completed entry, a running one, two unclaimed. Move the ring on until
+    // slot 0 is the oldest and is reclaimed.
+    let mut carried = None;
+    for _ in 0..3 {
+        let r = qs.rotate(&db.pool, Duration::ZERO).await.unwrap();
+        if r.carried.unwrap_or(0) > 0 {
+            carried = r.carried;
+        }
+    }
+    assert_eq!(
+        carried,
+        Some(3),
+        "two unclaimed entries and one running one"
+    );
+    let in_slot_0: i64 = sqlx::query_scalar("SELECT count(*) FROM awa_qs.ready_entries_0")
+        .fetch_one(db.pool.pool())
+        .await
+        .unwrap();
+    assert_eq!(in_slot_0, 0, "slot 0 was truncated");
+
+    // The running attempt completes through its moved lease.
+    let done = qs
+        .complete(&db.pool, &[running[1].id], &[running[1].run_lease])
+        .await
+        .unwrap();
+    assert_eq!(done, vec![running[1].id]);
+    // The unclaimed ones are claimed once, from their copies.
+    let rest = qs.claim(&db.pool, queue, priority, 10).await.unwrap();
+    assert_eq!(rest.iter().map(|c| c.id).collect::<Vec<_>>(), ids[2..]);
+    assert!(rest.iter().all(|c| c.run_lease == 1 && c.attempt == 1));
+    assert!(qs
+        .claim(&db.pool, queue, priority, 10)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test]
+async fn reclaim_waits_for_the_retention_of_completed_history() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 2, 2).await;
+    let (queue, priority) = LANE;
+    qs.enqueue(db.pool.pool(), queue, priority, &jobs(1, "a"))
+        .await
+        .unwrap();
+    let c = qs.claim(&db.pool, queue, priority, 1).await.unwrap();
+    qs.complete(&db.pool, &[c[0].id], &[c[0].run_lease])
+        .await
+        .unwrap();
+    // Ring of two: slot 1 becomes current, slot 0 (with a fresh receipt) is the oldest.
+    let first = qs
+        .rotate(&db.pool, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(first.queue_slot, Some(1));
+    let second = qs
+        .rotate(&db.pool, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(
+        second.carried, None,
+        "history younger than the retention is kept"
+    );
+    assert_eq!(
+        second.queue_slot, None,
+        "the ring cannot move into a slot with rows"
+    );
+    let third = qs.rotate(&db.pool, Duration::ZERO).await.unwrap();
+    assert_eq!(third.carried, Some(0));
+    assert_eq!(third.queue_slot, Some(0));
+}
+
+#[tokio::test]
+async fn a_rescued_attempt_cannot_complete_and_runs_again() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let (queue, priority) = LANE;
+    let ids = qs
+        .enqueue(db.pool.pool(), queue, priority, &jobs(1, "a"))
+        .await
+        .unwrap();
+    let first = qs.claim(&db.pool, queue, priority, 1).await.unwrap();
+    assert_eq!(qs.rescue(&db.pool, Duration::ZERO).await.unwrap(), ids);
+    let late = qs
+        .complete(&db.pool, &[first[0].id], &[first[0].run_lease])
+        .await
+        .unwrap();
+    assert!(late.is_empty(), "the rescued attempt's completion is stale");
+    assert_eq!(qs.promote(&db.pool).await.unwrap(), 1);
+    let second = qs.claim(&db.pool, queue, priority, 1).await.unwrap();
+    assert_eq!(second[0].id, ids[0]);
+    assert_eq!((second[0].run_lease, second[0].attempt), (2, 2));
+    let done = qs
+        .complete(&db.pool, &[second[0].id], &[second[0].run_lease])
+        .await
+        .unwrap();
+    assert_eq!(done, ids);
+    let errors: serde_json::Value = sqlx::query_scalar(
+        "SELECT errors FROM awa_qs.ready_entries WHERE id = $1 AND run_lease = 1",
+    )
+    .bind(ids[0])
+    .fetch_one(db.pool.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        errors[0]["attempt"], 1,
+        "the rescue is in the job's errors: {errors}"
+    );
+}
+
+/// Producers (several jobs per transaction, committing in any order), claimers, completers
+/// and a rotating maintenance loop, all at once: every job is claimed exactly once (one lease
+/// each) and completed, whatever the interleaving; the rings turn meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_job_is_claimed_once_under_concurrent_producers_claimers_and_rotation() {
+    const PRODUCERS: usize = 3;
+    const PER_PRODUCER: usize = 400;
+    const TOTAL: usize = PRODUCERS * PER_PRODUCER;
+    let db = TestDb::new().await;
+    let qs = Arc::new(installed(&db, 4, 2).await);
+    let pool = db.pool(16).await;
+    let (queue, priority) = LANE;
+
+    let mut producers = Vec::new();
+    for p in 0..PRODUCERS {
+        let (qs, pool) = (qs.clone(), pool.clone());
+        producers.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for batch in 0..PER_PRODUCER / 8 {
+                let mut tx = pool.begin().await.unwrap();
+                for half in 0..2 {
+                    let tag = format!("{p}-{batch}-{half}");
+                    ids.extend(
+                        qs.enqueue(&mut *tx, queue, priority, &jobs(4, &tag))
+                            .await
+                            .unwrap(),
+                    );
+                    tokio::task::yield_now().await;
+                }
+                tx.commit().await.unwrap();
+            }
+            ids
+        }));
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let maintenance = {
+        let (qs, pool, stop) = (qs.clone(), pool.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut turns = 0u32;
+            while !stop.load(Ordering::SeqCst) {
+                if qs
+                    .rotate(&pool, Duration::ZERO)
+                    .await
+                    .unwrap()
+                    .queue_slot
+                    .is_some()
+                {
+                    turns += 1;
+                }
+                tokio::task::yield_now().await;
+            }
+            turns
+        })
+    };
+
+    let claimed_total = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut claimers = Vec::new();
+    for _ in 0..4 {
+        let (qs, pool, total) = (qs.clone(), pool.clone(), claimed_total.clone());
+        claimers.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            while total.load(Ordering::SeqCst) < TOTAL {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "jobs were lost: {} of {TOTAL} claimed",
+                    total.load(Ordering::SeqCst)
+                );
+                let got = qs.claim(&pool, queue, priority, 16).await.unwrap();
+                if got.is_empty() {
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                total.fetch_add(got.len(), Ordering::SeqCst);
+                let ids: Vec<i64> = got.iter().map(|c| c.id).collect();
+                let leases: Vec<i64> = got.iter().map(|c| c.run_lease).collect();
+                let done = qs.complete(&pool, &ids, &leases).await.unwrap();
+                assert_eq!(done.len(), ids.len(), "an open lease did not complete");
+                mine.extend(got.into_iter().map(|c| (c.id, c.run_lease)));
+            }
+            mine
+        }));
+    }
+
+    let mut inserted = BTreeSet::new();
+    for p in producers {
+        inserted.extend(p.await.unwrap());
+    }
+    let mut claims: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+    for c in claimers {
+        for (id, lease) in c.await.unwrap() {
+            claims.entry(id).or_default().push(lease);
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let turns = maintenance.await.unwrap();
+
+    assert_eq!(inserted.len(), TOTAL);
+    let twice: Vec<_> = claims.iter().filter(|(_, l)| l.len() > 1).collect();
+    assert!(twice.is_empty(), "claimed more than once: {twice:?}");
+    assert_eq!(claims.keys().copied().collect::<BTreeSet<_>>(), inserted);
+    assert!(turns > 0, "the queue ring never turned");
+    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM awa_qs.leases")
+        .fetch_one(db.pool.pool())
+        .await
+        .unwrap();
+    assert_eq!(open, 0);
+}
