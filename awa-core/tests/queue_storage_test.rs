@@ -353,3 +353,111 @@ async fn every_job_is_claimed_once_under_concurrent_producers_claimers_and_rotat
         .unwrap();
     assert_eq!(open, 0);
 }
+
+/// The substrate under a steady load, as `bench/soak.py` offers one to whole systems: producers
+/// at `AWA_QS_SOAK_RATE` jobs/s (default 1000) for `AWA_QS_SOAK_SECS` (default 60), claimers
+/// completing in batches, and a maintenance loop rotating both rings every second with a 10 s
+/// retention. Prints dead tuples, live tuples and the database's size every 10 s; checks that
+/// nothing was lost. Run with `cargo test -p awa-core --test queue_storage_test -- --ignored
+/// --nocapture substrate_soak`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a soak: minutes long, prints figures"]
+async fn substrate_soak() {
+    let rate: f64 = std::env::var("AWA_QS_SOAK_RATE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000.0);
+    let secs: f64 = std::env::var("AWA_QS_SOAK_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60.0);
+    let db = TestDb::new().await;
+    let qs = Arc::new(installed(&db, 16, 8).await);
+    let pool = db.pool(16).await;
+    let (queue, priority) = LANE;
+    let stop = Arc::new(AtomicBool::new(false));
+    let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+
+    let maintenance = {
+        let (qs, pool, stop) = (qs.clone(), pool.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                qs.rotate(&pool, Duration::from_secs(10)).await.unwrap();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
+    let mut claimers = Vec::new();
+    for _ in 0..4 {
+        let (qs, pool, stop, handled) = (qs.clone(), pool.clone(), stop.clone(), handled.clone());
+        claimers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let got = qs.claim(&pool, queue, priority, 32).await.unwrap();
+                if got.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+                let ids: Vec<i64> = got.iter().map(|c| c.id).collect();
+                let leases: Vec<i64> = got.iter().map(|c| c.run_lease).collect();
+                let done = qs.complete(&pool, &ids, &leases).await.unwrap();
+                handled.fetch_add(done.len(), Ordering::SeqCst);
+            }
+        }));
+    }
+
+    let sample = |t: f64, inserted: usize| {
+        let (pool, handled) = (pool.clone(), handled.clone());
+        async move {
+            let (dead, live, size): (i64, i64, i64) = sqlx::query_as(
+                "SELECT coalesce(sum(n_dead_tup), 0)::int8, coalesce(sum(n_live_tup), 0)::int8,
+                        pg_database_size(current_database())
+                 FROM pg_stat_user_tables",
+            )
+            .fetch_one(pool.pool())
+            .await
+            .unwrap();
+            let h = handled.load(Ordering::SeqCst);
+            println!(
+                "t={t:>6.0}s inserted={inserted:>8} handled={h:>8} backlog={:>6} dead={dead:>7} live={live:>8} size={:.1} MiB",
+                inserted - h,
+                size as f64 / 1048576.0
+            );
+        }
+    };
+    let start = std::time::Instant::now();
+    let per_tick = rate * 0.05;
+    let (mut inserted, mut owed, mut ticks, mut next_sample) = (0usize, 0.0f64, 0u64, 0.0f64);
+    while start.elapsed().as_secs_f64() < secs {
+        owed += per_tick;
+        let n = owed as usize;
+        if n > 0 {
+            owed -= n as f64;
+            qs.enqueue(pool.pool(), queue, priority, &jobs(n, "soak"))
+                .await
+                .unwrap();
+            inserted += n;
+        }
+        let t = start.elapsed().as_secs_f64();
+        if t >= next_sample {
+            sample(t, inserted).await;
+            next_sample += 10.0;
+        }
+        ticks += 1;
+        let due = Duration::from_millis(50 * ticks);
+        if let Some(wait) = due.checked_sub(start.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while handled.load(Ordering::SeqCst) < inserted {
+        assert!(std::time::Instant::now() < deadline, "jobs were lost");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sample(start.elapsed().as_secs_f64(), inserted).await;
+    stop.store(true, Ordering::SeqCst);
+    maintenance.await.unwrap();
+    for c in claimers {
+        c.await.unwrap();
+    }
+    assert_eq!(handled.load(Ordering::SeqCst), inserted);
+}
