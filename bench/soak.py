@@ -122,7 +122,8 @@ def render(data: dict[str, Any]) -> str:
         f"Each system in turn, on a fresh database: {p['rate']:,.0f} jobs/s offered for "
         f"{p['duration_s']:,.0f} s (a bulk insert every 50 ms), {p['workers']} workers, no-op handlers, "
         f"completed jobs pruned after {p['retention_s']:g} s (by each system's pruner, at its default interval), "
-        f"autovacuum at the server's settings. Sampled every {p['sample_s']:g} s from "
+        f"**autovacuum {data.get('autovacuum', 'not recorded')}** (the server's setting). "
+        f"Sampled every {p['sample_s']:g} s from "
         "`pg_stat_user_tables` (dead tuples as the statistics collector last heard), "
         "`pg_database_size` and the WAL position.",
         "",
@@ -240,6 +241,8 @@ def main() -> None:
         "command": args.command,
         "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "meta": orchestrate.machine_meta(admin_url),
+        # Whether the server vacuums on its own decides what the canonical engines leave behind.
+        "autovacuum": orchestrate.psql(admin_url, "SHOW autovacuum"),
         "params": {k: getattr(args, k) for k in ("rate", "duration_s", "sample_s", "retention_s",
                                                  "workers", "poll_ms")},
         "runs": [],

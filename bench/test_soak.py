@@ -58,6 +58,10 @@ def test_the_report_says_missed_and_marks_a_short_run() -> None:
                      {"system": "awa-pg", "ok": False, "error": "exit 1: boom"}]}
     text = soak.document(data, "soak.png")
     assert "SHORT RUN" in text.splitlines()[0]
+    assert "autovacuum not recorded" in text
+    data["autovacuum"] = "off"
+    text = soak.document(data, "soak.png")
+    assert "**autovacuum off**" in text
     assert "5.00% MISSED" in text and "+100.0% MISSED" in text and "failed: exit 1: boom" in text
     assert soak.out_dir(data) == soak.RESULTS
     data["params"]["duration_s"] = soak.FULL_DURATION_S
