@@ -11,7 +11,7 @@
 
 mod common;
 
-use awa_core::storage::queue_storage::QueueStorage;
+use awa_core::storage::queue_storage::{Finish, QueueStorage};
 use awa_core::AwaError;
 use common::TestDb;
 use serde_json::json;
@@ -460,4 +460,199 @@ async fn substrate_soak() {
         c.await.unwrap();
     }
     assert_eq!(handled.load(Ordering::SeqCst), inserted);
+}
+
+#[tokio::test]
+async fn a_queue_is_claimed_best_priority_first() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let low = qs
+        .enqueue(db.pool.pool(), "q", 3, &jobs(2, "low"))
+        .await
+        .unwrap();
+    let high = qs
+        .enqueue(db.pool.pool(), "q", 1, &jobs(2, "high"))
+        .await
+        .unwrap();
+    let first = qs.claim_queue(&db.pool, "q", 3).await.unwrap();
+    let ids: Vec<i64> = first.iter().map(|c| c.id).collect();
+    assert_eq!(ids, [high[0], high[1], low[0]]);
+    let rest = qs.claim_queue(&db.pool, "q", 3).await.unwrap();
+    assert_eq!(rest.iter().map(|c| c.id).collect::<Vec<_>>(), [low[1]]);
+    assert!(qs
+        .claim_queue(&db.pool, "other", 3)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test]
+async fn per_job_outcomes_write_what_canonical_writes_behind_the_guard() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let (queue, priority) = LANE;
+    let ids = qs
+        .enqueue(db.pool.pool(), queue, priority, &jobs(5, "o"))
+        .await
+        .unwrap();
+    let c = qs.claim(&db.pool, queue, priority, 5).await.unwrap();
+    let now = chrono::Utc::now();
+    let boom = json!({"attempt": 1, "error": "boom"});
+    // A stale attempt (wrong run lease) writes nothing.
+    assert!(!qs
+        .finalize(&db.pool, c[0].id, 99, &Finish::Completed)
+        .await
+        .unwrap());
+    assert!(qs
+        .finalize(&db.pool, c[0].id, c[0].run_lease, &Finish::Completed)
+        .await
+        .unwrap());
+    assert!(qs
+        .finalize(
+            &db.pool,
+            c[1].id,
+            c[1].run_lease,
+            &Finish::Failed {
+                error: boom.clone()
+            }
+        )
+        .await
+        .unwrap());
+    assert!(qs
+        .finalize(
+            &db.pool,
+            c[2].id,
+            c[2].run_lease,
+            &Finish::Cancelled {
+                error: json!({"error": "cancelled: by test"})
+            }
+        )
+        .await
+        .unwrap());
+    let retry = Finish::Retryable {
+        run_at: now,
+        error: Some(boom.clone()),
+    };
+    assert!(qs
+        .finalize(&db.pool, c[3].id, c[3].run_lease, &retry)
+        .await
+        .unwrap());
+    assert!(qs
+        .finalize(
+            &db.pool,
+            c[4].id,
+            c[4].run_lease,
+            &Finish::Snoozed { run_at: now }
+        )
+        .await
+        .unwrap());
+    // Finalizing twice: the lease is gone, so the second is stale.
+    assert!(!qs
+        .finalize(&db.pool, c[1].id, c[1].run_lease, &Finish::Completed)
+        .await
+        .unwrap());
+
+    let done: Vec<(i64, String, serde_json::Value)> = sqlx::query_as(
+        "SELECT e.id, d.state, d.errors FROM awa_qs.done_entries d
+         JOIN awa_qs.ready_entries e ON e.slot = d.slot AND e.seq = d.seq ORDER BY e.id",
+    )
+    .fetch_all(db.pool.pool())
+    .await
+    .unwrap();
+    assert_eq!(done.len(), 2);
+    assert_eq!((done[0].0, done[0].1.as_str()), (ids[1], "failed"));
+    assert_eq!(done[0].2, json!([boom]));
+    assert_eq!((done[1].0, done[1].1.as_str()), (ids[2], "cancelled"));
+
+    // The retried and the snoozed jobs come back: the retry as attempt 2, the snooze still 1.
+    assert_eq!(qs.promote(&db.pool).await.unwrap(), 2);
+    let again = qs.claim(&db.pool, queue, priority, 5).await.unwrap();
+    let by_id: BTreeMap<i64, (i32, i64)> = again
+        .iter()
+        .map(|c| (c.id, (c.attempt, c.run_lease)))
+        .collect();
+    assert_eq!(by_id[&ids[3]], (2, 2));
+    assert_eq!(by_id[&ids[4]], (1, 2));
+    let errors: serde_json::Value = sqlx::query_scalar(
+        "SELECT errors FROM awa_qs.ready_entries WHERE id = $1 AND run_lease = 1",
+    )
+    .bind(ids[3])
+    .fetch_one(db.pool.pool())
+    .await
+    .unwrap();
+    assert_eq!(errors, json!([boom]), "the retried entry carries its error");
+}
+
+#[tokio::test]
+async fn a_heartbeat_keeps_an_attempt_from_rescue() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let (queue, priority) = LANE;
+    qs.enqueue(db.pool.pool(), queue, priority, &jobs(2, "h"))
+        .await
+        .unwrap();
+    let c = qs.claim(&db.pool, queue, priority, 2).await.unwrap();
+    // Both attempts last beat an hour ago; one beats now.
+    sqlx::query("UPDATE awa_qs.leases SET heartbeat_at = now() - interval '1 hour'")
+        .execute(db.pool.pool())
+        .await
+        .unwrap();
+    let alive = qs
+        .heartbeat(&db.pool, &[c[0].id], &[c[0].run_lease])
+        .await
+        .unwrap();
+    assert_eq!(alive, [c[0].id]);
+    let rescued = qs.rescue(&db.pool, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(rescued, [c[1].id]);
+    // The rescued attempt's heartbeat finds no lease.
+    assert!(qs
+        .heartbeat(&db.pool, &[c[1].id], &[c[1].run_lease])
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test]
+async fn an_idle_poll_writes_nothing() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let (queue, priority) = LANE;
+    qs.enqueue(db.pool.pool(), queue, priority, &jobs(1, "i"))
+        .await
+        .unwrap();
+    qs.claim(&db.pool, queue, priority, 1).await.unwrap();
+    // Let the stable point settle, then poll an empty lane: the lane row is not rewritten.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let ctid = || async {
+        sqlx::query_scalar::<_, String>("SELECT ctid::text FROM awa_qs.lanes")
+            .fetch_one(db.pool.pool())
+            .await
+            .unwrap()
+    };
+    loop {
+        let before = ctid().await;
+        assert!(qs
+            .claim(&db.pool, queue, priority, 1)
+            .await
+            .unwrap()
+            .is_empty());
+        if ctid().await == before {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "every idle poll rewrites the lane"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Settled: from now on no poll writes.
+    let settled = ctid().await;
+    for _ in 0..5 {
+        assert!(qs
+            .claim(&db.pool, queue, priority, 1)
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(ctid().await, settled, "an idle poll rewrote the lane");
+    }
 }

@@ -186,11 +186,14 @@ BEGIN
     IF lane.cand_xmax <= pg_snapshot_xmin(pg_current_snapshot()) THEN
         lane.stable_seq := greatest(lane.stable_seq, lane.cand_seq);
         -- The seq first, then the horizon: a producer that drew a seq at or below v_seq got
-        -- its xid before that, so below v_xmax.
+        -- its xid before that, so below v_xmax. No seq drawn since the last candidate: keep
+        -- it (an idle lane then writes nothing).
         v_seq := (SELECT last_value FROM {s}.qs_seq);
-        v_xmax := pg_snapshot_xmax(pg_current_snapshot());
-        lane.cand_seq := v_seq;
-        lane.cand_xmax := v_xmax;
+        IF v_seq > lane.cand_seq THEN
+            v_xmax := pg_snapshot_xmax(pg_current_snapshot());
+            lane.cand_seq := v_seq;
+            lane.cand_xmax := v_xmax;
+        END IF;
     END IF;
     SELECT r.current INTO lslot FROM {s}.lease_ring_state r;
 
@@ -225,11 +228,85 @@ BEGIN
       AND NOT EXISTS (SELECT 1 FROM {s}.claimed_entries c
                       WHERE c.queue = p_queue AND c.priority = p_priority AND c.seq = e.seq);
     lane.cursor := greatest(lane.cursor, coalesce(next_cursor, lane.stable_seq + 1));
+    -- An idle poll changes nothing: write nothing then (no dead tuple per poll).
     UPDATE {s}.lanes l SET cursor = lane.cursor, stable_seq = lane.stable_seq,
         cand_seq = lane.cand_seq, cand_xmax = lane.cand_xmax
-    WHERE l.queue = p_queue AND l.priority = p_priority;
+    WHERE l.queue = p_queue AND l.priority = p_priority
+      AND (l.cursor, l.stable_seq, l.cand_seq, l.cand_xmax)
+          IS DISTINCT FROM (lane.cursor, lane.stable_seq, lane.cand_seq, lane.cand_xmax);
 
     RETURN;
+END $$;
+
+-- Claim up to p_n entries of a queue, best priority (1) first: each lane in turn.
+CREATE FUNCTION {s}.qs_claim_queue(p_queue text, p_n integer)
+RETURNS TABLE (id bigint, run_lease bigint, kind text, args jsonb, attempt integer,
+               slot integer, seq bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    got integer := 0;
+    k integer;
+BEGIN
+    FOR pr IN 1 .. 4 LOOP
+        EXIT WHEN got >= p_n;
+        RETURN QUERY SELECT * FROM {s}.qs_claim(p_queue, pr::smallint, p_n - got);
+        GET DIAGNOSTICS k = ROW_COUNT;
+        got := got + k;
+    END LOOP;
+END $$;
+
+-- Heartbeat open attempts; returns the ids whose lease is still open.
+CREATE FUNCTION {s}.qs_heartbeat(p_ids bigint[], p_leases bigint[])
+RETURNS SETOF bigint LANGUAGE sql AS $$
+    UPDATE {s}.leases l SET heartbeat_at = now()
+    FROM unnest(p_ids, p_leases) AS t(id, run_lease)
+    WHERE l.id = t.id AND l.run_lease = t.run_lease
+    RETURNING l.id
+$$;
+
+-- Finalize one attempt on the per-job path, the outcomes canonical's finalizer writes:
+-- 'completed' (a receipt), 'failed' and 'cancelled' (a done entry, with p_error appended to the
+-- job's errors), 'retryable' (deferred to p_run_at, p_error appended when given) and 'snoozed'
+-- (deferred as scheduled to p_run_at without burning the attempt). The lease delete is the
+-- guard: false, and nothing written, when the attempt's lease is gone.
+CREATE FUNCTION {s}.qs_finalize(p_id bigint, p_lease bigint, p_outcome text,
+                                p_run_at timestamptz DEFAULT NULL, p_error jsonb DEFAULT NULL)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    l {s}.leases;
+    e {s}.ready_entries;
+    errs jsonb;
+BEGIN
+    IF p_outcome NOT IN ('completed', 'failed', 'cancelled', 'retryable', 'snoozed') THEN
+        RAISE EXCEPTION 'unknown outcome %', p_outcome USING ERRCODE = '22023';
+    END IF;
+    IF p_outcome IN ('retryable', 'snoozed') AND p_run_at IS NULL THEN
+        RAISE EXCEPTION '% needs a run_at', p_outcome USING ERRCODE = '22023';
+    END IF;
+    DELETE FROM {s}.leases x WHERE x.id = p_id AND x.run_lease = p_lease RETURNING x.* INTO l;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF p_outcome = 'completed' THEN
+        INSERT INTO {s}.receipts (slot, generation, seqs, finalized_at)
+        VALUES (l.slot, l.generation, ARRAY[l.seq], now());
+        RETURN true;
+    END IF;
+    SELECT * INTO e FROM {s}.ready_entries x
+    WHERE x.slot = l.slot AND x.queue = l.queue AND x.priority = l.priority AND x.seq = l.seq;
+    errs := e.errors || CASE WHEN p_error IS NULL THEN '[]'::jsonb ELSE jsonb_build_array(p_error) END;
+    IF p_outcome IN ('failed', 'cancelled') THEN
+        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at)
+        VALUES (l.slot, l.generation, l.seq, p_outcome, errs, now());
+    ELSE
+        INSERT INTO {s}.deferred_jobs (id, state, queue, priority, kind, args, attempt,
+            max_attempts, run_lease, run_at, created_at, metadata, tags, errors)
+        VALUES (e.id, CASE p_outcome WHEN 'retryable' THEN 'retryable' ELSE 'scheduled' END,
+                e.queue, e.priority, e.kind, e.args,
+                CASE p_outcome WHEN 'snoozed' THEN greatest(l.attempt - 1, 0) ELSE l.attempt END,
+                e.max_attempts, l.run_lease, p_run_at, e.created_at, e.metadata, e.tags, errs);
+    END IF;
+    RETURN true;
 END $$;
 
 -- Complete a batch: the lease delete is the guard; one receipt per queue slot for exactly the

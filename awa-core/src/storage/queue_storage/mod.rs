@@ -11,6 +11,7 @@
 
 use crate::error::{AwaError, Result};
 use crate::storage::pool::Db;
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -39,6 +40,21 @@ pub struct Claimed {
     pub seq: i64,
 }
 
+impl Claimed {
+    fn from_row(row: (i64, i64, String, Value, i32, i32, i64)) -> Self {
+        let (id, run_lease, kind, args, attempt, slot, seq) = row;
+        Claimed {
+            id,
+            run_lease,
+            kind,
+            args,
+            attempt,
+            slot,
+            seq,
+        }
+    }
+}
+
 /// A lane's claim position (for tests and status reads).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Lane {
@@ -46,6 +62,40 @@ pub struct Lane {
     pub priority: i16,
     pub cursor: i64,
     pub stable_seq: i64,
+}
+
+/// How one attempt ends on the per-job path (the batched path is [`QueueStorage::complete`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Finish {
+    Completed,
+    /// Failed for good; `error` is appended to the job's errors.
+    Failed {
+        error: Value,
+    },
+    Cancelled {
+        error: Value,
+    },
+    /// Run again at `run_at`, the attempt burned; `error`, when given, is appended.
+    Retryable {
+        run_at: DateTime<Utc>,
+        error: Option<Value>,
+    },
+    /// Run again at `run_at` without burning the attempt.
+    Snoozed {
+        run_at: DateTime<Utc>,
+    },
+}
+
+impl Finish {
+    fn parts(&self) -> (&'static str, Option<DateTime<Utc>>, Option<&Value>) {
+        match self {
+            Finish::Completed => ("completed", None, None),
+            Finish::Failed { error } => ("failed", None, Some(error)),
+            Finish::Cancelled { error } => ("cancelled", None, Some(error)),
+            Finish::Retryable { run_at, error } => ("retryable", Some(*run_at), error.as_ref()),
+            Finish::Snoozed { run_at } => ("snoozed", Some(*run_at), None),
+        }
+    }
 }
 
 /// What one maintenance pass of the rings did.
@@ -164,18 +214,48 @@ impl QueueStorage {
             .bind(n)
             .fetch_all(pool.pool())
             .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, run_lease, kind, args, attempt, slot, seq)| Claimed {
-                id,
-                run_lease,
-                kind,
-                args,
-                attempt,
-                slot,
-                seq,
-            })
-            .collect())
+        Ok(rows.into_iter().map(Claimed::from_row).collect())
+    }
+
+    /// Claim up to `n` jobs of `queue`, best priority first (each of the four lanes in turn).
+    pub async fn claim_queue(&self, pool: &Db, queue: &str, n: i32) -> Result<Vec<Claimed>> {
+        let sql = format!("SELECT * FROM {}($1, $2)", self.name("qs_claim_queue"));
+        let rows: Vec<(i64, i64, String, Value, i32, i32, i64)> = sqlx::query_as(&sql)
+            .bind(queue)
+            .bind(n)
+            .fetch_all(pool.pool())
+            .await?;
+        Ok(rows.into_iter().map(Claimed::from_row).collect())
+    }
+
+    /// Heartbeat attempts `(ids[i], run_leases[i])`; returns the ids still open.
+    pub async fn heartbeat(&self, pool: &Db, ids: &[i64], run_leases: &[i64]) -> Result<Vec<i64>> {
+        let sql = format!("SELECT * FROM {}($1, $2)", self.name("qs_heartbeat"));
+        Ok(sqlx::query_scalar(&sql)
+            .bind(ids)
+            .bind(run_leases)
+            .fetch_all(pool.pool())
+            .await?)
+    }
+
+    /// Finalize one attempt on the per-job path; false (nothing written) when its lease is gone.
+    pub async fn finalize(
+        &self,
+        pool: &Db,
+        id: i64,
+        run_lease: i64,
+        finish: &Finish,
+    ) -> Result<bool> {
+        let (outcome, run_at, error) = finish.parts();
+        let sql = format!("SELECT {}($1, $2, $3, $4, $5)", self.name("qs_finalize"));
+        Ok(sqlx::query_scalar(&sql)
+            .bind(id)
+            .bind(run_lease)
+            .bind(outcome)
+            .bind(run_at)
+            .bind(error)
+            .fetch_one(pool.pool())
+            .await?)
     }
 
     /// Complete attempts `(ids[i], run_leases[i])`; returns the ids whose lease was still
