@@ -300,6 +300,26 @@ async fn every_job_is_claimed_once_under_concurrent_producers_claimers_and_rotat
         })
     };
 
+    // A reader of the view throughout: no job is ever in two places (OnePlacePerJob).
+    let checker = {
+        let (qs, pool, stop) = (qs.clone(), pool.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut reads = 0u32;
+            while !stop.load(Ordering::SeqCst) {
+                let rows = qs.job_states(&pool).await.unwrap();
+                let mut seen = BTreeSet::new();
+                for (id, state, _, _) in &rows {
+                    assert!(
+                        seen.insert(*id),
+                        "job {id} is in two places (one is {state})"
+                    );
+                }
+                reads += 1;
+                tokio::task::yield_now().await;
+            }
+            reads
+        })
+    };
     let claimed_total = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut claimers = Vec::new();
     for _ in 0..4 {
@@ -341,6 +361,8 @@ async fn every_job_is_claimed_once_under_concurrent_producers_claimers_and_rotat
     }
     stop.store(true, Ordering::SeqCst);
     let turns = maintenance.await.unwrap();
+    let reads = checker.await.unwrap();
+    assert!(reads > 0, "the view was never read");
 
     assert_eq!(inserted.len(), TOTAL);
     let twice: Vec<_> = claims.iter().filter(|(_, l)| l.len() > 1).collect();
@@ -356,9 +378,9 @@ async fn every_job_is_claimed_once_under_concurrent_producers_claimers_and_rotat
 
 /// The substrate under a steady load, as `bench/soak.py` offers one to whole systems: producers
 /// at `AWA_QS_SOAK_RATE` jobs/s (default 1000) for `AWA_QS_SOAK_SECS` (default 60), claimers
-/// completing in batches, and a maintenance loop rotating both rings every second with a 10 s
-/// retention. Prints dead tuples, live tuples and the database's size every 10 s; checks that
-/// nothing was lost. Run with `cargo test -p awa-core --test queue_storage_test -- --ignored
+/// completing in batches, and a maintenance loop rotating the queue ring every second with a
+/// 10 s retention and the lease ring every 250 ms. Prints dead tuples, live tuples and the
+/// database's size every 10 s; checks that nothing was lost. Run with `cargo test -p awa-core --test queue_storage_test -- --ignored
 /// --nocapture substrate_soak`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a soak: minutes long, prints figures"]
@@ -381,9 +403,16 @@ async fn substrate_soak() {
     let maintenance = {
         let (qs, pool, stop) = (qs.clone(), pool.clone(), stop.clone());
         tokio::spawn(async move {
+            let mut pass = 0u64;
             while !stop.load(Ordering::SeqCst) {
-                qs.rotate(&pool, Duration::from_secs(10)).await.unwrap();
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                // The queue ring every second, the lease ring every 250 ms (awa-pg's defaults).
+                if pass % 4 == 0 {
+                    qs.rotate(&pool, Duration::from_secs(10)).await.unwrap();
+                } else {
+                    qs.rotate_leases(&pool).await.unwrap();
+                }
+                pass += 1;
+                tokio::time::sleep(Duration::from_millis(250)).await;
             }
         })
     };
@@ -564,6 +593,21 @@ async fn per_job_outcomes_write_what_canonical_writes_behind_the_guard() {
     assert_eq!(done[0].2, json!([boom]));
     assert_eq!((done[1].0, done[1].1.as_str()), (ids[2], "cancelled"));
 
+    // The view shows each job once, in canonical's state names.
+    let states: Vec<(i64, String)> = qs
+        .job_states(&db.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(id, state, _, _)| (id, state))
+        .collect();
+    let want: Vec<(i64, String)> = ids
+        .iter()
+        .zip(["completed", "failed", "cancelled", "retryable", "scheduled"])
+        .map(|(id, s)| (*id, s.to_string()))
+        .collect();
+    assert_eq!(states, want);
+
     // The retried and the snoozed jobs come back: the retry as attempt 2, the snooze still 1.
     assert_eq!(qs.promote(&db.pool).await.unwrap(), 2);
     let again = qs.claim(&db.pool, queue, priority, 5).await.unwrap();
@@ -629,19 +673,29 @@ async fn an_idle_poll_writes_nothing() {
             .await
             .unwrap()
     };
+    // Settled: the stable point has caught up with every seq drawn and the cursor with it.
+    // (It follows the cluster's xmin horizon, which other tests' transactions hold back for
+    // a moment.)
     loop {
-        let before = ctid().await;
         assert!(qs
             .claim(&db.pool, queue, priority, 1)
             .await
             .unwrap()
             .is_empty());
-        if ctid().await == before {
+        let settled: bool = sqlx::query_scalar(
+            "SELECT cursor = stable_seq + 1 AND stable_seq = cand_seq
+                    AND cand_seq = (SELECT last_value FROM awa_qs.qs_seq)
+             FROM awa_qs.lanes",
+        )
+        .fetch_one(db.pool.pool())
+        .await
+        .unwrap();
+        if settled {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "every idle poll rewrites the lane"
+            "the lane never settled"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -504,6 +504,41 @@ BEGIN
     RETURN st.current;
 END $$;
 
+-- Every job the substrate holds, one row each, in canonical's states: what `awa.jobs` will show
+-- of this engine. One statement, so one snapshot: every state change above moves a job between
+-- these parts in one statement (claim, complete, finalize, rescue, promote, carry-forward), so
+-- the view never shows a job twice or loses one that has not aged out of the history.
+-- `attempt` and `run_lease` are those of the job's latest attempt.
+CREATE VIEW {s}.qs_jobs AS
+    SELECT e.id, e.kind, e.queue, e.args, 'available'::text AS state, e.priority, e.attempt,
+           e.max_attempts, e.run_lease, e.created_at, NULL::timestamptz AS heartbeat_at,
+           NULL::timestamptz AS finalized_at, e.errors, e.metadata, e.tags
+    FROM {s}.ready_entries e
+    WHERE NOT EXISTS (SELECT 1 FROM {s}.claimed_entries c
+                      WHERE c.slot = e.slot AND c.queue = e.queue AND c.priority = e.priority
+                        AND c.seq = e.seq)
+    UNION ALL
+    SELECT e.id, e.kind, e.queue, e.args, 'running', e.priority, l.attempt, e.max_attempts,
+           l.run_lease, e.created_at, l.heartbeat_at, NULL, e.errors, e.metadata, e.tags
+    FROM {s}.leases l
+    JOIN {s}.ready_entries e
+      ON e.slot = l.slot AND e.queue = l.queue AND e.priority = l.priority AND e.seq = l.seq
+    UNION ALL
+    SELECT e.id, e.kind, e.queue, e.args, 'completed', e.priority, e.attempt + 1, e.max_attempts,
+           e.run_lease + 1, e.created_at, NULL, r.finalized_at, e.errors, e.metadata, e.tags
+    FROM {s}.receipts r
+    CROSS JOIN LATERAL unnest(r.seqs) AS u(seq)
+    JOIN {s}.ready_entries e ON e.slot = r.slot AND e.seq = u.seq
+    UNION ALL
+    SELECT e.id, e.kind, e.queue, e.args, d.state, e.priority, e.attempt + 1, e.max_attempts,
+           e.run_lease + 1, e.created_at, NULL, d.finalized_at, d.errors, e.metadata, e.tags
+    FROM {s}.done_entries d
+    JOIN {s}.ready_entries e ON e.slot = d.slot AND e.seq = d.seq
+    UNION ALL
+    SELECT d.id, d.kind, d.queue, d.args, d.state, d.priority, d.attempt, d.max_attempts,
+           d.run_lease, d.created_at, NULL, NULL, d.errors, d.metadata, d.tags
+    FROM {s}.deferred_jobs d;
+
 -- Indexes (on the parents: every child gets its own).
 CREATE INDEX ON {s}.ready_entries (queue, priority, seq);
 CREATE INDEX ON {s}.claimed_entries (queue, priority, seq);

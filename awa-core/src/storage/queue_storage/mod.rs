@@ -303,13 +303,30 @@ impl QueueStorage {
             .await?;
         let rotate = format!("SELECT {}()", self.name("qs_rotate_queue"));
         let queue_slot: Option<i32> = sqlx::query_scalar(&rotate).fetch_one(pool.pool()).await?;
-        let leases = format!("SELECT {}()", self.name("qs_rotate_leases"));
-        let lease_slot: i32 = sqlx::query_scalar(&leases).fetch_one(pool.pool()).await?;
+        let lease_slot = self.rotate_leases(pool).await?;
         Ok(Rotation {
             carried,
             queue_slot,
             lease_slot,
         })
+    }
+
+    /// Truncate every empty lease slot but the current one and move the lease ring on (the
+    /// leases' dead tuples live until their slot is truncated, so this runs more often than
+    /// the queue ring's rotation; awa-pg's default is every 250 ms). Returns the current slot.
+    pub async fn rotate_leases(&self, pool: &Db) -> Result<i32> {
+        let sql = format!("SELECT {}()", self.name("qs_rotate_leases"));
+        Ok(sqlx::query_scalar(&sql).fetch_one(pool.pool()).await?)
+    }
+
+    /// Every job the substrate holds as `(id, state, attempt, run_lease)`, by id (the
+    /// `qs_jobs` view: one row per job, in canonical's state names).
+    pub async fn job_states(&self, pool: &Db) -> Result<Vec<(i64, String, i32, i64)>> {
+        let sql = format!(
+            "SELECT id, state, attempt, run_lease FROM {} ORDER BY id, state",
+            self.name("qs_jobs")
+        );
+        Ok(sqlx::query_as(&sql).fetch_all(pool.pool()).await?)
     }
 
     /// The claim position of every lane.
