@@ -503,13 +503,13 @@ async fn a_queue_is_claimed_best_priority_first() {
         .enqueue(db.pool.pool(), "q", 1, &jobs(2, "high"))
         .await
         .unwrap();
-    let first = qs.claim_queue(&db.pool, "q", 3).await.unwrap();
+    let first = qs.claim_queue(&db.pool, "q", 3, None).await.unwrap();
     let ids: Vec<i64> = first.iter().map(|c| c.id).collect();
     assert_eq!(ids, [high[0], high[1], low[0]]);
-    let rest = qs.claim_queue(&db.pool, "q", 3).await.unwrap();
+    let rest = qs.claim_queue(&db.pool, "q", 3, None).await.unwrap();
     assert_eq!(rest.iter().map(|c| c.id).collect::<Vec<_>>(), [low[1]]);
     assert!(qs
-        .claim_queue(&db.pool, "other", 3)
+        .claim_queue(&db.pool, "other", 3, None)
         .await
         .unwrap()
         .is_empty());
@@ -709,4 +709,94 @@ async fn an_idle_poll_writes_nothing() {
             .is_empty());
         assert_eq!(ctid().await, settled, "an idle poll rewrote the lane");
     }
+}
+
+#[tokio::test]
+async fn a_paused_queue_hands_out_nothing() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let ids = qs
+        .enqueue(db.pool.pool(), "q", 2, &jobs(2, "p"))
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO awa.queue_meta (queue, paused) VALUES ('q', true)")
+        .execute(db.pool.pool())
+        .await
+        .unwrap();
+    assert!(qs
+        .claim_queue(&db.pool, "q", 10, None)
+        .await
+        .unwrap()
+        .is_empty());
+    sqlx::query("UPDATE awa.queue_meta SET paused = false WHERE queue = 'q'")
+        .execute(db.pool.pool())
+        .await
+        .unwrap();
+    let got = qs.claim_queue(&db.pool, "q", 10, None).await.unwrap();
+    assert_eq!(got.iter().map(|c| c.id).collect::<Vec<_>>(), ids);
+}
+
+#[tokio::test]
+async fn an_attempt_past_its_deadline_is_rescued_though_it_beats() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let ids = qs
+        .enqueue(db.pool.pool(), "q", 2, &jobs(2, "d"))
+        .await
+        .unwrap();
+    let short = qs
+        .claim_queue(&db.pool, "q", 1, Some(Duration::ZERO))
+        .await
+        .unwrap();
+    let long = qs
+        .claim_queue(&db.pool, "q", 1, Some(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    qs.heartbeat(&db.pool, &[short[0].id, long[0].id], &[1, 1])
+        .await
+        .unwrap();
+    let rescued = qs
+        .rescue(&db.pool, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(rescued, [ids[0]]);
+    let errors: serde_json::Value =
+        sqlx::query_scalar("SELECT errors FROM awa_qs.deferred_jobs WHERE id = $1")
+            .bind(ids[0])
+            .fetch_one(db.pool.pool())
+            .await
+            .unwrap();
+    assert_eq!(errors[0]["error"], "rescued: deadline passed");
+}
+
+#[tokio::test]
+async fn inserts_and_promotions_wake_the_queue() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener.listen("awa:q").await.unwrap();
+    qs.enqueue(db.pool.pool(), "q", 2, &jobs(1, "n"))
+        .await
+        .unwrap();
+    let woke = tokio::time::timeout(Duration::from_secs(30), listener.recv())
+        .await
+        .expect("no wake-up for the insert")
+        .unwrap();
+    assert_eq!(woke.channel(), "awa:q");
+    // A retry promoted when due wakes the queue again.
+    let c = qs.claim_queue(&db.pool, "q", 1, None).await.unwrap();
+    let retry = Finish::Retryable {
+        run_at: chrono::Utc::now(),
+        error: None,
+    };
+    assert!(qs
+        .finalize(&db.pool, c[0].id, c[0].run_lease, &retry)
+        .await
+        .unwrap());
+    assert_eq!(qs.promote(&db.pool).await.unwrap(), 1);
+    let woke = tokio::time::timeout(Duration::from_secs(30), listener.recv())
+        .await
+        .expect("no wake-up for the promotion")
+        .unwrap();
+    assert_eq!(woke.channel(), "awa:q");
 }

@@ -85,6 +85,7 @@ CREATE TABLE {s}.leases (
     seq          bigint      NOT NULL,
     attempt      integer     NOT NULL,
     heartbeat_at timestamptz NOT NULL,
+    deadline_at  timestamptz,
     attempted_at timestamptz NOT NULL
 ) PARTITION BY LIST (lease_slot);
 
@@ -156,13 +157,16 @@ BEGIN
            nextval('awa.jobs_id_seq'), k, a, 0, p_max_attempts, 0, now(), '{}', '{}', '[]'
     FROM unnest(p_kinds, p_args) AS t(k, a)
     RETURNING id;
+    -- The wake-up hint canonical sends (`awa:<queue>`), delivered at commit.
+    PERFORM pg_notify(awa.queue_channel(p_queue), '');
 END $$;
 
 -- Claim up to p_n entries of a lane: lock the lane, confirm the stable point if its
 -- transactions have ended, take the lowest committed unclaimed entries at or above the cursor,
 -- lease them in the current lease slot, advance the cursor over the consumed prefix (never past
 -- the stable point), and record the next candidate stable point.
-CREATE FUNCTION {s}.qs_claim(p_queue text, p_priority smallint, p_n integer)
+CREATE FUNCTION {s}.qs_claim(p_queue text, p_priority smallint, p_n integer,
+                            p_deadline interval DEFAULT NULL)
 RETURNS TABLE (id bigint, run_lease bigint, kind text, args jsonb, attempt integer,
                slot integer, seq bigint)
 LANGUAGE plpgsql AS $$
@@ -212,9 +216,9 @@ BEGIN
         SELECT p.slot, p_queue, p_priority, p.seq FROM picked p
     ), leased AS (
         INSERT INTO {s}.leases (lease_slot, id, run_lease, queue, priority, slot, generation, seq,
-                                attempt, heartbeat_at, attempted_at)
+                                attempt, heartbeat_at, deadline_at, attempted_at)
         SELECT lslot, p.id, p.run_lease, p_queue, p_priority, p.slot, p.generation, p.seq,
-               p.attempt, now(), now()
+               p.attempt, now(), now() + p_deadline, now()
         FROM picked p
     )
     SELECT p.id, p.run_lease, p.kind, p.args, p.attempt, p.slot, p.seq FROM picked p;
@@ -238,8 +242,9 @@ BEGIN
     RETURN;
 END $$;
 
--- Claim up to p_n entries of a queue, best priority (1) first: each lane in turn.
-CREATE FUNCTION {s}.qs_claim_queue(p_queue text, p_n integer)
+-- Claim up to p_n entries of a queue, best priority (1) first: each lane in turn; each lease
+-- gets a deadline p_deadline from now when given.
+CREATE FUNCTION {s}.qs_claim_queue(p_queue text, p_n integer, p_deadline interval DEFAULT NULL)
 RETURNS TABLE (id bigint, run_lease bigint, kind text, args jsonb, attempt integer,
                slot integer, seq bigint)
 LANGUAGE plpgsql AS $$
@@ -247,9 +252,13 @@ DECLARE
     got integer := 0;
     k integer;
 BEGIN
+    -- A paused queue (awa.queue_meta, shared with canonical) hands out nothing.
+    IF EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused) THEN
+        RETURN;
+    END IF;
     FOR pr IN 1 .. 4 LOOP
         EXIT WHEN got >= p_n;
-        RETURN QUERY SELECT * FROM {s}.qs_claim(p_queue, pr::smallint, p_n - got);
+        RETURN QUERY SELECT * FROM {s}.qs_claim(p_queue, pr::smallint, p_n - got, p_deadline);
         GET DIAGNOSTICS k = ROW_COUNT;
         got := got + k;
     END LOOP;
@@ -325,18 +334,20 @@ RETURNS SETOF bigint LANGUAGE sql AS $$
     SELECT d.id FROM done d
 $$;
 
--- Rescue: leases whose heartbeat is older than p_stale are deleted (so a late completion of
+-- Rescue: leases whose heartbeat is older than p_stale, or whose deadline has passed, are deleted (so a late completion of
 -- that attempt finds no guard) and their jobs deferred as retryable, or failed when out of
 -- attempts. Returns the ids rescued.
 CREATE FUNCTION {s}.qs_rescue(p_stale interval)
 RETURNS SETOF bigint LANGUAGE sql AS $$
     WITH gone AS (
-        DELETE FROM {s}.leases l WHERE l.heartbeat_at < now() - p_stale
-        RETURNING l.id, l.run_lease, l.slot, l.generation, l.seq, l.attempt, l.queue, l.priority
+        DELETE FROM {s}.leases l WHERE l.heartbeat_at < now() - p_stale OR l.deadline_at < now()
+        RETURNING l.id, l.run_lease, l.slot, l.generation, l.seq, l.attempt, l.queue, l.priority,
+                  CASE WHEN l.deadline_at < now() THEN 'rescued: deadline passed'
+                       ELSE 'rescued: heartbeat stale' END AS reason
     ), rows AS (
         SELECT g.*, e.kind, e.args, e.max_attempts, e.created_at, e.metadata, e.tags,
                e.errors || jsonb_build_array(jsonb_build_object(
-                   'attempt', g.attempt, 'error', 'rescued: heartbeat stale', 'at', now())) AS errors
+                   'attempt', g.attempt, 'error', g.reason, 'at', now())) AS errors
         FROM gone g JOIN {s}.ready_entries e
           ON e.slot = g.slot AND e.queue = g.queue AND e.priority = g.priority AND e.seq = g.seq
     ), retry AS (
@@ -360,6 +371,7 @@ RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     cur record;
     n bigint;
+    queues bigint;
 BEGIN
     SELECT * INTO cur FROM {s}.qs_current_slot();
     WITH due AS (
@@ -371,9 +383,12 @@ BEGIN
                d.args, d.attempt, d.max_attempts, d.run_lease, d.created_at, d.metadata, d.tags,
                d.errors
         FROM (SELECT * FROM due ORDER BY priority, run_at, id) d
-        RETURNING 1
+        RETURNING queue
+    ), woken AS (
+        -- The wake-up hint, once per queue that received jobs.
+        SELECT pg_notify(awa.queue_channel(q.queue), '') FROM (SELECT DISTINCT queue FROM ins) q
     )
-    SELECT count(*) INTO n FROM ins;
+    SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM woken) INTO n, queues;
     RETURN n;
 END $$;
 

@@ -217,12 +217,24 @@ impl QueueStorage {
         Ok(rows.into_iter().map(Claimed::from_row).collect())
     }
 
-    /// Claim up to `n` jobs of `queue`, best priority first (each of the four lanes in turn).
-    pub async fn claim_queue(&self, pool: &Db, queue: &str, n: i32) -> Result<Vec<Claimed>> {
-        let sql = format!("SELECT * FROM {}($1, $2)", self.name("qs_claim_queue"));
+    /// Claim up to `n` jobs of `queue`, best priority first (each of the four lanes in turn);
+    /// nothing while the queue is paused (`awa.queue_meta`, shared with canonical). Each
+    /// attempt's deadline is `deadline` from now when given (rescue ends it after that).
+    pub async fn claim_queue(
+        &self,
+        pool: &Db,
+        queue: &str,
+        n: i32,
+        deadline: Option<Duration>,
+    ) -> Result<Vec<Claimed>> {
+        let sql = format!(
+            "SELECT * FROM {}($1, $2, make_interval(secs => $3))",
+            self.name("qs_claim_queue")
+        );
         let rows: Vec<(i64, i64, String, Value, i32, i32, i64)> = sqlx::query_as(&sql)
             .bind(queue)
             .bind(n)
+            .bind(deadline.map(|d| d.as_secs_f64()))
             .fetch_all(pool.pool())
             .await?;
         Ok(rows.into_iter().map(Claimed::from_row).collect())
@@ -269,8 +281,8 @@ impl QueueStorage {
             .await?)
     }
 
-    /// Rescue attempts whose heartbeat is older than `stale`: retryable (or failed when out of
-    /// attempts). Returns the ids rescued.
+    /// Rescue attempts whose heartbeat is older than `stale` or whose deadline has passed:
+    /// retryable (or failed when out of attempts). Returns the ids rescued.
     pub async fn rescue(&self, pool: &Db, stale: Duration) -> Result<Vec<i64>> {
         let sql = format!(
             "SELECT * FROM {}(make_interval(secs => $1))",
