@@ -12,7 +12,7 @@
 mod common;
 
 use awa_core::storage::queue_storage::{Finish, QueueStorage};
-use awa_core::AwaError;
+use awa_core::{AwaError, NewJob};
 use common::TestDb;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
@@ -28,9 +28,21 @@ async fn installed(db: &TestDb, queue_slots: u32, lease_slots: u32) -> QueueStor
     qs
 }
 
-fn jobs(n: usize, tag: &str) -> Vec<(String, serde_json::Value)> {
+fn jobs(queue: &str, priority: i16, n: usize, tag: &str) -> Vec<NewJob> {
     (0..n)
-        .map(|i| ("k".to_string(), json!({ "tag": tag, "i": i })))
+        .map(|i| NewJob {
+            kind: "k".into(),
+            queue: queue.into(),
+            args: json!({ "tag": tag, "i": i }),
+            priority,
+            max_attempts: 25,
+            run_at: None,
+            tags: vec![],
+            metadata: json!({}),
+            unique_key: None,
+            unique_states: None,
+            ordering_key: None,
+        })
         .collect()
 }
 
@@ -69,7 +81,7 @@ async fn a_late_commit_is_claimed_and_the_cursor_never_passes_it() {
     // A producer draws its seq first and commits last.
     let mut late = db.pool.begin().await.unwrap();
     let late_ids = qs
-        .enqueue(&mut *late, queue, priority, &jobs(1, "late"))
+        .enqueue(&mut *late, &jobs(queue, priority, 1, "late"))
         .await
         .unwrap();
     let late_seq: i64 = sqlx::query_scalar("SELECT seq FROM awa_qs.ready_entries WHERE id = $1")
@@ -78,7 +90,7 @@ async fn a_late_commit_is_claimed_and_the_cursor_never_passes_it() {
         .await
         .unwrap();
     let early = qs
-        .enqueue(db.pool.pool(), queue, priority, &jobs(2, "early"))
+        .enqueue(db.pool.pool(), &jobs(queue, priority, 2, "early"))
         .await
         .unwrap();
 
@@ -123,7 +135,7 @@ async fn reclaim_carries_forward_unclaimed_and_running_entries() {
     let qs = installed(&db, 3, 2).await;
     let (queue, priority) = LANE;
     let ids = qs
-        .enqueue(db.pool.pool(), queue, priority, &jobs(4, "a"))
+        .enqueue(db.pool.pool(), &jobs(queue, priority, 4, "a"))
         .await
         .unwrap();
     let running = qs.claim(&db.pool, queue, priority, 2).await.unwrap();
@@ -176,7 +188,7 @@ async fn reclaim_waits_for_the_retention_of_completed_history() {
     let db = TestDb::new().await;
     let qs = installed(&db, 2, 2).await;
     let (queue, priority) = LANE;
-    qs.enqueue(db.pool.pool(), queue, priority, &jobs(1, "a"))
+    qs.enqueue(db.pool.pool(), &jobs(queue, priority, 1, "a"))
         .await
         .unwrap();
     let c = qs.claim(&db.pool, queue, priority, 1).await.unwrap();
@@ -212,7 +224,7 @@ async fn a_rescued_attempt_cannot_complete_and_runs_again() {
     let qs = installed(&db, 4, 2).await;
     let (queue, priority) = LANE;
     let ids = qs
-        .enqueue(db.pool.pool(), queue, priority, &jobs(1, "a"))
+        .enqueue(db.pool.pool(), &jobs(queue, priority, 1, "a"))
         .await
         .unwrap();
     let first = qs.claim(&db.pool, queue, priority, 1).await.unwrap();
@@ -267,7 +279,7 @@ async fn every_job_is_claimed_once_under_concurrent_producers_claimers_and_rotat
                 for half in 0..2 {
                     let tag = format!("{p}-{batch}-{half}");
                     ids.extend(
-                        qs.enqueue(&mut *tx, queue, priority, &jobs(4, &tag))
+                        qs.enqueue(&mut *tx, &jobs(queue, priority, 4, &tag))
                             .await
                             .unwrap(),
                     );
@@ -306,12 +318,14 @@ async fn every_job_is_claimed_once_under_concurrent_producers_claimers_and_rotat
         tokio::spawn(async move {
             let mut reads = 0u32;
             while !stop.load(Ordering::SeqCst) {
-                let rows = qs.job_states(&pool).await.unwrap();
+                let rows = qs.jobs(&pool).await.unwrap();
                 let mut seen = BTreeSet::new();
-                for (id, state, _, _) in &rows {
+                for j in &rows {
                     assert!(
-                        seen.insert(*id),
-                        "job {id} is in two places (one is {state})"
+                        seen.insert(j.id),
+                        "job {} is in two places (one is {})",
+                        j.id,
+                        j.state
                     );
                 }
                 reads += 1;
@@ -461,7 +475,7 @@ async fn substrate_soak() {
         let n = owed as usize;
         if n > 0 {
             owed -= n as f64;
-            qs.enqueue(pool.pool(), queue, priority, &jobs(n, "soak"))
+            qs.enqueue(pool.pool(), &jobs(queue, priority, n, "soak"))
                 .await
                 .unwrap();
             inserted += n;
@@ -496,11 +510,11 @@ async fn a_queue_is_claimed_best_priority_first() {
     let db = TestDb::new().await;
     let qs = installed(&db, 4, 2).await;
     let low = qs
-        .enqueue(db.pool.pool(), "q", 3, &jobs(2, "low"))
+        .enqueue(db.pool.pool(), &jobs("q", 3, 2, "low"))
         .await
         .unwrap();
     let high = qs
-        .enqueue(db.pool.pool(), "q", 1, &jobs(2, "high"))
+        .enqueue(db.pool.pool(), &jobs("q", 1, 2, "high"))
         .await
         .unwrap();
     let first = qs.claim_queue(&db.pool, "q", 3, None).await.unwrap();
@@ -521,12 +535,12 @@ async fn per_job_outcomes_write_what_canonical_writes_behind_the_guard() {
     let qs = installed(&db, 4, 2).await;
     let (queue, priority) = LANE;
     let ids = qs
-        .enqueue(db.pool.pool(), queue, priority, &jobs(5, "o"))
+        .enqueue(db.pool.pool(), &jobs(queue, priority, 5, "o"))
         .await
         .unwrap();
     let c = qs.claim(&db.pool, queue, priority, 5).await.unwrap();
     let now = chrono::Utc::now();
-    let boom = json!({"attempt": 1, "error": "boom"});
+    let boom = json!({"attempt": 1, "at": now, "error": "boom"});
     // A stale attempt (wrong run lease) writes nothing.
     assert!(!qs
         .finalize(&db.pool, c[0].id, 99, &Finish::Completed)
@@ -553,7 +567,7 @@ async fn per_job_outcomes_write_what_canonical_writes_behind_the_guard() {
             c[2].id,
             c[2].run_lease,
             &Finish::Cancelled {
-                error: json!({"error": "cancelled: by test"})
+                error: json!({"attempt": 1, "at": now, "error": "cancelled: by test"})
             }
         )
         .await
@@ -595,11 +609,11 @@ async fn per_job_outcomes_write_what_canonical_writes_behind_the_guard() {
 
     // The view shows each job once, in canonical's state names.
     let states: Vec<(i64, String)> = qs
-        .job_states(&db.pool)
+        .jobs(&db.pool)
         .await
         .unwrap()
         .into_iter()
-        .map(|(id, state, _, _)| (id, state))
+        .map(|j| (j.id, j.state.as_str().to_string()))
         .collect();
     let want: Vec<(i64, String)> = ids
         .iter()
@@ -632,7 +646,7 @@ async fn a_heartbeat_keeps_an_attempt_from_rescue() {
     let db = TestDb::new().await;
     let qs = installed(&db, 4, 2).await;
     let (queue, priority) = LANE;
-    qs.enqueue(db.pool.pool(), queue, priority, &jobs(2, "h"))
+    qs.enqueue(db.pool.pool(), &jobs(queue, priority, 2, "h"))
         .await
         .unwrap();
     let c = qs.claim(&db.pool, queue, priority, 2).await.unwrap();
@@ -661,7 +675,7 @@ async fn an_idle_poll_writes_nothing() {
     let db = TestDb::new().await;
     let qs = installed(&db, 4, 2).await;
     let (queue, priority) = LANE;
-    qs.enqueue(db.pool.pool(), queue, priority, &jobs(1, "i"))
+    qs.enqueue(db.pool.pool(), &jobs(queue, priority, 1, "i"))
         .await
         .unwrap();
     qs.claim(&db.pool, queue, priority, 1).await.unwrap();
@@ -716,7 +730,7 @@ async fn a_paused_queue_hands_out_nothing() {
     let db = TestDb::new().await;
     let qs = installed(&db, 4, 2).await;
     let ids = qs
-        .enqueue(db.pool.pool(), "q", 2, &jobs(2, "p"))
+        .enqueue(db.pool.pool(), &jobs("q", 2, 2, "p"))
         .await
         .unwrap();
     sqlx::query("INSERT INTO awa.queue_meta (queue, paused) VALUES ('q', true)")
@@ -741,7 +755,7 @@ async fn an_attempt_past_its_deadline_is_rescued_though_it_beats() {
     let db = TestDb::new().await;
     let qs = installed(&db, 4, 2).await;
     let ids = qs
-        .enqueue(db.pool.pool(), "q", 2, &jobs(2, "d"))
+        .enqueue(db.pool.pool(), &jobs("q", 2, 2, "d"))
         .await
         .unwrap();
     let short = qs
@@ -775,7 +789,7 @@ async fn inserts_and_promotions_wake_the_queue() {
     let qs = installed(&db, 4, 2).await;
     let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
     listener.listen("awa:q").await.unwrap();
-    qs.enqueue(db.pool.pool(), "q", 2, &jobs(1, "n"))
+    qs.enqueue(db.pool.pool(), &jobs("q", 2, 1, "n"))
         .await
         .unwrap();
     let woke = tokio::time::timeout(Duration::from_secs(30), listener.recv())
@@ -799,4 +813,43 @@ async fn inserts_and_promotions_wake_the_queue() {
         .expect("no wake-up for the promotion")
         .unwrap();
     assert_eq!(woke.channel(), "awa:q");
+}
+
+#[tokio::test]
+async fn a_job_keeps_its_fields_and_a_later_one_waits_as_scheduled() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let mut now_job = jobs("q", 2, 1, "now").remove(0);
+    now_job.tags = vec!["a".into(), "b\tc".into()];
+    now_job.metadata = json!({"m": [1, 2], "s": "x\ny"});
+    now_job.ordering_key = Some("order-1".into());
+    now_job.unique_key = Some(vec![0, 1, 2, 255]);
+    now_job.unique_states = Some(0b0000_0110);
+    now_job.max_attempts = 3;
+    let mut later = jobs("q", 2, 1, "later").remove(0);
+    later.run_at = Some(chrono::Utc::now() + chrono::Duration::hours(1));
+    let ids = qs
+        .enqueue(db.pool.pool(), &[now_job.clone(), later])
+        .await
+        .unwrap();
+
+    let got = qs.claim_queue(&db.pool, "q", 10, None).await.unwrap();
+    assert_eq!(got.len(), 1, "the later job is not claimable yet");
+    let j = &got[0];
+    assert_eq!(j.id, ids[0]);
+    assert_eq!((j.kind.as_str(), j.queue.as_str()), ("k", "q"));
+    assert_eq!(j.args, now_job.args);
+    assert_eq!(j.tags, now_job.tags);
+    assert_eq!(j.metadata, now_job.metadata);
+    assert_eq!(j.ordering_key, now_job.ordering_key);
+    assert_eq!(j.unique_key, now_job.unique_key);
+    assert_eq!(j.unique_states, Some(6));
+    assert_eq!((j.attempt, j.max_attempts, j.run_lease), (1, 3, 1));
+    assert_eq!(j.state, awa_core::JobState::Running);
+    assert!(j.attempted_at.is_some() && j.heartbeat_at.is_some());
+
+    let all = qs.jobs(&db.pool).await.unwrap();
+    let states: Vec<(i64, &str)> = all.iter().map(|j| (j.id, j.state.as_str())).collect();
+    assert_eq!(states, [(ids[0], "running"), (ids[1], "scheduled")]);
+    assert!(all[1].run_at > chrono::Utc::now());
 }

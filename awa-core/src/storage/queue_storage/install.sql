@@ -45,10 +45,14 @@ CREATE TABLE {s}.ready_entries (
     attempt      integer     NOT NULL,
     max_attempts integer     NOT NULL,
     run_lease    bigint      NOT NULL,
+    run_at       timestamptz NOT NULL,
     created_at   timestamptz NOT NULL,
     metadata     jsonb       NOT NULL,
     tags         text[]      NOT NULL,
-    errors       jsonb       NOT NULL
+    errors       jsonb       NOT NULL,
+    unique_key   bytea,
+    unique_states smallint,
+    ordering_key text
 ) PARTITION BY LIST (slot);
 
 -- What claims consumed: one narrow row per claimed entry. (Not ranges: a range between two
@@ -86,7 +90,10 @@ CREATE TABLE {s}.leases (
     attempt      integer     NOT NULL,
     heartbeat_at timestamptz NOT NULL,
     deadline_at  timestamptz,
-    attempted_at timestamptz NOT NULL
+    attempted_at timestamptz NOT NULL,
+    progress     jsonb,
+    callback_id  uuid,
+    callback_timeout_at timestamptz
 ) PARTITION BY LIST (lease_slot);
 
 -- Completions: one narrow row per batched completion statement and queue slot.
@@ -122,7 +129,10 @@ CREATE TABLE {s}.deferred_jobs (
     created_at   timestamptz NOT NULL,
     metadata     jsonb       NOT NULL,
     tags         text[]      NOT NULL,
-    errors       jsonb       NOT NULL
+    errors       jsonb       NOT NULL,
+    unique_key   bytea,
+    unique_states smallint,
+    ordering_key text
 );
 CREATE INDEX ON {s}.deferred_jobs (run_at);
 
@@ -142,23 +152,50 @@ LANGUAGE sql STABLE AS $$
     JOIN {s}.queue_ring_slots s ON s.slot = r.current
 $$;
 
--- Insert due jobs: one ready entry each in the current slot; returns the ids.
-CREATE FUNCTION {s}.qs_enqueue(p_queue text, p_priority smallint, p_kinds text[], p_args jsonb[],
-                            p_max_attempts integer DEFAULT 25)
+-- Insert jobs, one per element of the parallel arrays (validated by the caller, as every
+-- insert path validates): a job due now (run_at NULL or not after now()) is a ready entry in
+-- the current slot, a later one a scheduled row in deferred_jobs. Returns the ids in input
+-- order. Unique keys are stored, not yet enforced (docs/queue-storage-design.md).
+CREATE FUNCTION {s}.qs_enqueue(p_kinds text[], p_queues text[], p_args jsonb[],
+                               p_priorities smallint[], p_max_attempts integer[],
+                               p_run_ats timestamptz[], p_tags jsonb[], p_metadata jsonb[],
+                               p_unique_keys bytea[], p_unique_states smallint[],
+                               p_ordering_keys text[])
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 DECLARE
     cur record;
 BEGIN
     SELECT * INTO cur FROM {s}.qs_current_slot();
     RETURN QUERY
-    INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args, attempt,
-                                   max_attempts, run_lease, created_at, metadata, tags, errors)
-    SELECT cur.slot, cur.generation, p_queue, p_priority, nextval('{s}.qs_seq'),
-           nextval('awa.jobs_id_seq'), k, a, 0, p_max_attempts, 0, now(), '{}', '{}', '[]'
-    FROM unnest(p_kinds, p_args) AS t(k, a)
-    RETURNING id;
-    -- The wake-up hint canonical sends (`awa:<queue>`), delivered at commit.
-    PERFORM pg_notify(awa.queue_channel(p_queue), '');
+    WITH input AS (
+        SELECT t.ord, nextval('awa.jobs_id_seq') AS id, t.k, t.q, t.a, t.p, t.m,
+               coalesce(t.r, now()) AS run_at, t.r IS NULL OR t.r <= now() AS due,
+               ARRAY(SELECT jsonb_array_elements_text(coalesce(t.tg, '[]'))) AS tags,
+               coalesce(t.md, '{}') AS metadata, t.uk, t.us, t.ok
+        FROM unnest(p_kinds, p_queues, p_args, p_priorities, p_max_attempts, p_run_ats, p_tags,
+                    p_metadata, p_unique_keys, p_unique_states, p_ordering_keys)
+             WITH ORDINALITY AS t(k, q, a, p, m, r, tg, md, uk, us, ok, ord)
+    ), ready AS (
+        INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
+            attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
+            unique_key, unique_states, ordering_key)
+        SELECT cur.slot, cur.generation, i.q, i.p, nextval('{s}.qs_seq'), i.id, i.k, i.a, 0, i.m,
+               0, i.run_at, now(), i.metadata, i.tags, '[]', i.uk, i.us, i.ok
+        FROM (SELECT * FROM input WHERE due ORDER BY ord) i
+    ), later AS (
+        INSERT INTO {s}.deferred_jobs (id, state, queue, priority, kind, args, attempt,
+            max_attempts, run_lease, run_at, created_at, metadata, tags, errors, unique_key,
+            unique_states, ordering_key)
+        SELECT i.id, 'scheduled', i.q, i.p, i.k, i.a, 0, i.m, 0, i.run_at, now(), i.metadata,
+               i.tags, '[]', i.uk, i.us, i.ok
+        FROM input i WHERE NOT i.due
+    )
+    SELECT i.id FROM input i ORDER BY i.ord;
+    -- The wake-up hint canonical sends (`awa:<queue>`), once per queue with a job due now,
+    -- delivered at commit.
+    PERFORM pg_notify(awa.queue_channel(w.q), '')
+    FROM (SELECT DISTINCT t.q FROM unnest(p_queues, p_run_ats) AS t(q, r)
+          WHERE t.r IS NULL OR t.r <= now()) w;
 END $$;
 
 -- Claim up to p_n entries of a lane: lock the lane, confirm the stable point if its
@@ -167,8 +204,13 @@ END $$;
 -- the stable point), and record the next candidate stable point.
 CREATE FUNCTION {s}.qs_claim(p_queue text, p_priority smallint, p_n integer,
                             p_deadline interval DEFAULT NULL)
-RETURNS TABLE (id bigint, run_lease bigint, kind text, args jsonb, attempt integer,
-               slot integer, seq bigint)
+RETURNS TABLE (id bigint, kind text, queue text, args jsonb, state text, priority smallint,
+               attempt integer, max_attempts integer, run_at timestamptz,
+               heartbeat_at timestamptz, deadline_at timestamptz, attempted_at timestamptz,
+               finalized_at timestamptz, created_at timestamptz, errors jsonb, metadata jsonb,
+               tags text[], unique_key bytea, unique_states smallint, callback_id text,
+               callback_timeout_at timestamptz, run_lease bigint, progress jsonb,
+               ordering_key text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -203,8 +245,7 @@ BEGIN
 
     RETURN QUERY
     WITH picked AS (
-        SELECT e.id, e.run_lease + 1 AS run_lease, e.kind, e.args, e.attempt + 1 AS attempt,
-               e.slot, e.generation, e.seq
+        SELECT e.*, e.run_lease + 1 AS next_lease, e.attempt + 1 AS next_attempt, now() AS t0
         FROM {s}.ready_entries e
         WHERE e.queue = p_queue AND e.priority = p_priority AND e.seq >= lane.cursor
           AND NOT EXISTS (SELECT 1 FROM {s}.claimed_entries c
@@ -217,11 +258,15 @@ BEGIN
     ), leased AS (
         INSERT INTO {s}.leases (lease_slot, id, run_lease, queue, priority, slot, generation, seq,
                                 attempt, heartbeat_at, deadline_at, attempted_at)
-        SELECT lslot, p.id, p.run_lease, p_queue, p_priority, p.slot, p.generation, p.seq,
-               p.attempt, now(), now() + p_deadline, now()
+        SELECT lslot, p.id, p.next_lease, p_queue, p_priority, p.slot, p.generation, p.seq,
+               p.next_attempt, p.t0, p.t0 + p_deadline, p.t0
         FROM picked p
     )
-    SELECT p.id, p.run_lease, p.kind, p.args, p.attempt, p.slot, p.seq FROM picked p;
+    SELECT p.id, p.kind, p.queue, p.args, 'running'::text, p.priority, p.next_attempt,
+           p.max_attempts, p.run_at, p.t0, p.t0 + p_deadline, p.t0, NULL::timestamptz,
+           p.created_at, p.errors, p.metadata, p.tags, p.unique_key, p.unique_states,
+           NULL::text, NULL::timestamptz, p.next_lease, NULL::jsonb, p.ordering_key
+    FROM picked p ORDER BY p.seq;
 
     -- The cursor: the lowest unclaimed committed seq at or above it, capped at the stable point
     -- plus one (every seq at or below the stable point is committed or gone).
@@ -245,8 +290,13 @@ END $$;
 -- Claim up to p_n entries of a queue, best priority (1) first: each lane in turn; each lease
 -- gets a deadline p_deadline from now when given.
 CREATE FUNCTION {s}.qs_claim_queue(p_queue text, p_n integer, p_deadline interval DEFAULT NULL)
-RETURNS TABLE (id bigint, run_lease bigint, kind text, args jsonb, attempt integer,
-               slot integer, seq bigint)
+RETURNS TABLE (id bigint, kind text, queue text, args jsonb, state text, priority smallint,
+               attempt integer, max_attempts integer, run_at timestamptz,
+               heartbeat_at timestamptz, deadline_at timestamptz, attempted_at timestamptz,
+               finalized_at timestamptz, created_at timestamptz, errors jsonb, metadata jsonb,
+               tags text[], unique_key bytea, unique_states smallint, callback_id text,
+               callback_timeout_at timestamptz, run_lease bigint, progress jsonb,
+               ordering_key text)
 LANGUAGE plpgsql AS $$
 DECLARE
     got integer := 0;
@@ -309,11 +359,13 @@ BEGIN
         VALUES (l.slot, l.generation, l.seq, p_outcome, errs, now());
     ELSE
         INSERT INTO {s}.deferred_jobs (id, state, queue, priority, kind, args, attempt,
-            max_attempts, run_lease, run_at, created_at, metadata, tags, errors)
+            max_attempts, run_lease, run_at, created_at, metadata, tags, errors, unique_key,
+            unique_states, ordering_key)
         VALUES (e.id, CASE p_outcome WHEN 'retryable' THEN 'retryable' ELSE 'scheduled' END,
                 e.queue, e.priority, e.kind, e.args,
                 CASE p_outcome WHEN 'snoozed' THEN greatest(l.attempt - 1, 0) ELSE l.attempt END,
-                e.max_attempts, l.run_lease, p_run_at, e.created_at, e.metadata, e.tags, errs);
+                e.max_attempts, l.run_lease, p_run_at, e.created_at, e.metadata, e.tags, errs,
+                e.unique_key, e.unique_states, e.ordering_key);
     END IF;
     RETURN true;
 END $$;
@@ -334,9 +386,9 @@ RETURNS SETOF bigint LANGUAGE sql AS $$
     SELECT d.id FROM done d
 $$;
 
--- Rescue: leases whose heartbeat is older than p_stale, or whose deadline has passed, are deleted (so a late completion of
--- that attempt finds no guard) and their jobs deferred as retryable, or failed when out of
--- attempts. Returns the ids rescued.
+-- Rescue: leases whose heartbeat is older than p_stale, or whose deadline has passed, are
+-- deleted (so a late completion of that attempt finds no guard) and their jobs deferred as
+-- retryable, or failed when out of attempts. Returns the ids rescued.
 CREATE FUNCTION {s}.qs_rescue(p_stale interval)
 RETURNS SETOF bigint LANGUAGE sql AS $$
     WITH gone AS (
@@ -346,15 +398,18 @@ RETURNS SETOF bigint LANGUAGE sql AS $$
                        ELSE 'rescued: heartbeat stale' END AS reason
     ), rows AS (
         SELECT g.*, e.kind, e.args, e.max_attempts, e.created_at, e.metadata, e.tags,
+               e.unique_key, e.unique_states, e.ordering_key,
                e.errors || jsonb_build_array(jsonb_build_object(
                    'attempt', g.attempt, 'error', g.reason, 'at', now())) AS errors
         FROM gone g JOIN {s}.ready_entries e
           ON e.slot = g.slot AND e.queue = g.queue AND e.priority = g.priority AND e.seq = g.seq
     ), retry AS (
         INSERT INTO {s}.deferred_jobs (id, state, queue, priority, kind, args, attempt,
-            max_attempts, run_lease, run_at, created_at, metadata, tags, errors)
+            max_attempts, run_lease, run_at, created_at, metadata, tags, errors, unique_key,
+            unique_states, ordering_key)
         SELECT r.id, 'retryable', r.queue, r.priority, r.kind, r.args, r.attempt, r.max_attempts,
-               r.run_lease, now(), r.created_at, r.metadata, r.tags, r.errors
+               r.run_lease, now(), r.created_at, r.metadata, r.tags, r.errors, r.unique_key,
+               r.unique_states, r.ordering_key
         FROM rows r WHERE r.attempt < r.max_attempts
     ), dead AS (
         INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at)
@@ -378,10 +433,11 @@ BEGIN
         DELETE FROM {s}.deferred_jobs d WHERE d.run_at <= now() RETURNING d.*
     ), ins AS (
         INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
-            attempt, max_attempts, run_lease, created_at, metadata, tags, errors)
+            attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
+            unique_key, unique_states, ordering_key)
         SELECT cur.slot, cur.generation, d.queue, d.priority, nextval('{s}.qs_seq'), d.id, d.kind,
-               d.args, d.attempt, d.max_attempts, d.run_lease, d.created_at, d.metadata, d.tags,
-               d.errors
+               d.args, d.attempt, d.max_attempts, d.run_lease, d.run_at, d.created_at, d.metadata,
+               d.tags, d.errors, d.unique_key, d.unique_states, d.ordering_key
         FROM (SELECT * FROM due ORDER BY priority, run_at, id) d
         RETURNING queue
     ), woken AS (
@@ -425,6 +481,7 @@ DECLARE
     old integer;
     cur record;
     young boolean;
+    saved_timeout text;
     carried bigint := 0;
     n bigint;
 BEGIN
@@ -434,10 +491,22 @@ BEGIN
         RETURN NULL;
     END IF;
     PERFORM pg_current_xact_id();  -- we draw seqs: hold an xid first, as producers do
-    -- Leases first (completions delete leases, then write a receipt into the entry's slot).
-    LOCK TABLE {s}.leases IN EXCLUSIVE MODE;
-    EXECUTE format('LOCK TABLE {s}.ready_entries_%1$s, {s}.claimed_entries_%1$s, {s}.receipts_%1$s,'
-                   ' {s}.done_entries_%1$s IN ACCESS EXCLUSIVE MODE', old);
+    -- Leases first (completions delete leases, then write a receipt into the entry's slot),
+    -- then the slot's tables. A reader (the qs_jobs view, a user's SQL) may hold one of the
+    -- slot's tables while it waits for another that we already hold, in an order we do not
+    -- control; so we wait at most a moment for our locks and otherwise give up this pass
+    -- (well before PostgreSQL's deadlock check, which would otherwise cancel the reader).
+    saved_timeout := current_setting('lock_timeout');
+    PERFORM set_config('lock_timeout', '100ms', true);
+    BEGIN
+        LOCK TABLE {s}.leases IN EXCLUSIVE MODE;
+        EXECUTE format('LOCK TABLE {s}.ready_entries_%1$s, {s}.claimed_entries_%1$s,'
+                       ' {s}.receipts_%1$s, {s}.done_entries_%1$s IN ACCESS EXCLUSIVE MODE', old);
+    EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+        PERFORM set_config('lock_timeout', saved_timeout, true);
+        RETURN NULL;
+    END;
+    PERFORM set_config('lock_timeout', saved_timeout, true);
     EXECUTE format('SELECT EXISTS (SELECT 1 FROM {s}.receipts_%1$s WHERE finalized_at > now() - $1)'
                    ' OR EXISTS (SELECT 1 FROM {s}.done_entries_%1$s WHERE finalized_at > now() - $1)', old)
         INTO young USING p_retention;
@@ -450,9 +519,11 @@ BEGIN
     -- at them).
     EXECUTE format($f$
         INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
-            attempt, max_attempts, run_lease, created_at, metadata, tags, errors)
+            attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
+            unique_key, unique_states, ordering_key)
         SELECT $1, $2, e.queue, e.priority, nextval('{s}.qs_seq'), e.id, e.kind, e.args,
-               e.attempt, e.max_attempts, e.run_lease, e.created_at, e.metadata, e.tags, e.errors
+               e.attempt, e.max_attempts, e.run_lease, e.run_at, e.created_at, e.metadata, e.tags,
+               e.errors, e.unique_key, e.unique_states, e.ordering_key
         FROM (SELECT * FROM {s}.ready_entries_%1$s o
               WHERE NOT EXISTS (SELECT 1 FROM {s}.claimed_entries_%1$s c
                                 WHERE c.queue = o.queue AND c.priority = o.priority AND c.seq = o.seq)
@@ -470,9 +541,11 @@ BEGIN
             WHERE l.slot = %1$s
         ), copy AS (
             INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
-                attempt, max_attempts, run_lease, created_at, metadata, tags, errors)
+                attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
+                unique_key, unique_states, ordering_key)
             SELECT $1, $2, v.queue, v.priority, v.nseq, v.id, v.kind, v.args, v.attempt,
-                   v.max_attempts, v.run_lease, v.created_at, v.metadata, v.tags, v.errors
+                   v.max_attempts, v.run_lease, v.run_at, v.created_at, v.metadata, v.tags,
+                   v.errors, v.unique_key, v.unique_states, v.ordering_key
             FROM live v
         ), mark AS (
             INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
@@ -503,7 +576,13 @@ BEGIN
     SELECT * INTO st FROM {s}.lease_ring_state FOR UPDATE;
     FOR i IN 0 .. st.slots - 1 LOOP
         CONTINUE WHEN i = st.current;
-        EXECUTE format('LOCK TABLE {s}.leases_%s IN ACCESS EXCLUSIVE MODE', i);
+        -- Never wait (a reader may hold lease slots in any order): a busy slot is skipped
+        -- this pass.
+        BEGIN
+            EXECUTE format('LOCK TABLE {s}.leases_%s IN ACCESS EXCLUSIVE MODE NOWAIT', i);
+        EXCEPTION WHEN lock_not_available THEN
+            CONTINUE;
+        END;
         EXECUTE format('SELECT NOT EXISTS (SELECT 1 FROM {s}.leases_%s)', i) INTO empty;
         IF empty THEN
             EXECUTE format('TRUNCATE {s}.leases_%s', i);
@@ -523,35 +602,49 @@ END $$;
 -- of this engine. One statement, so one snapshot: every state change above moves a job between
 -- these parts in one statement (claim, complete, finalize, rescue, promote, carry-forward), so
 -- the view never shows a job twice or loses one that has not aged out of the history.
--- `attempt` and `run_lease` are those of the job's latest attempt.
+-- `attempt` and `run_lease` are those of the job's latest attempt. The columns are
+-- `JOB_COLUMNS`' (model::job), so a `JobRow` reads from it as from `awa.jobs`.
 CREATE VIEW {s}.qs_jobs AS
     SELECT e.id, e.kind, e.queue, e.args, 'available'::text AS state, e.priority, e.attempt,
-           e.max_attempts, e.run_lease, e.created_at, NULL::timestamptz AS heartbeat_at,
-           NULL::timestamptz AS finalized_at, e.errors, e.metadata, e.tags
+           e.max_attempts, e.run_at, NULL::timestamptz AS heartbeat_at,
+           NULL::timestamptz AS deadline_at, NULL::timestamptz AS attempted_at,
+           NULL::timestamptz AS finalized_at, e.created_at, e.errors, e.metadata, e.tags,
+           e.unique_key, e.unique_states, NULL::text AS callback_id,
+           NULL::timestamptz AS callback_timeout_at, e.run_lease, NULL::jsonb AS progress,
+           e.ordering_key
     FROM {s}.ready_entries e
     WHERE NOT EXISTS (SELECT 1 FROM {s}.claimed_entries c
                       WHERE c.slot = e.slot AND c.queue = e.queue AND c.priority = e.priority
                         AND c.seq = e.seq)
     UNION ALL
-    SELECT e.id, e.kind, e.queue, e.args, 'running', e.priority, l.attempt, e.max_attempts,
-           l.run_lease, e.created_at, l.heartbeat_at, NULL, e.errors, e.metadata, e.tags
+    SELECT e.id, e.kind, e.queue, e.args,
+           CASE WHEN l.callback_id IS NULL THEN 'running' ELSE 'waiting_external' END,
+           e.priority, l.attempt, e.max_attempts, e.run_at, l.heartbeat_at, l.deadline_at,
+           l.attempted_at, NULL, e.created_at, e.errors, e.metadata, e.tags, e.unique_key,
+           e.unique_states, l.callback_id::text, l.callback_timeout_at, l.run_lease, l.progress,
+           e.ordering_key
     FROM {s}.leases l
     JOIN {s}.ready_entries e
       ON e.slot = l.slot AND e.queue = l.queue AND e.priority = l.priority AND e.seq = l.seq
     UNION ALL
-    SELECT e.id, e.kind, e.queue, e.args, 'completed', e.priority, e.attempt + 1, e.max_attempts,
-           e.run_lease + 1, e.created_at, NULL, r.finalized_at, e.errors, e.metadata, e.tags
+    SELECT e.id, e.kind, e.queue, e.args, 'completed', e.priority, e.attempt + 1,
+           e.max_attempts, e.run_at, NULL, NULL, NULL, r.finalized_at, e.created_at, e.errors,
+           e.metadata, e.tags, e.unique_key, e.unique_states, NULL, NULL, e.run_lease + 1, NULL,
+           e.ordering_key
     FROM {s}.receipts r
     CROSS JOIN LATERAL unnest(r.seqs) AS u(seq)
     JOIN {s}.ready_entries e ON e.slot = r.slot AND e.seq = u.seq
     UNION ALL
     SELECT e.id, e.kind, e.queue, e.args, d.state, e.priority, e.attempt + 1, e.max_attempts,
-           e.run_lease + 1, e.created_at, NULL, d.finalized_at, d.errors, e.metadata, e.tags
+           e.run_at, NULL, NULL, NULL, d.finalized_at, e.created_at, d.errors, e.metadata,
+           e.tags, e.unique_key, e.unique_states, NULL, NULL, e.run_lease + 1, NULL,
+           e.ordering_key
     FROM {s}.done_entries d
     JOIN {s}.ready_entries e ON e.slot = d.slot AND e.seq = d.seq
     UNION ALL
     SELECT d.id, d.kind, d.queue, d.args, d.state, d.priority, d.attempt, d.max_attempts,
-           d.run_lease, d.created_at, NULL, NULL, d.errors, d.metadata, d.tags
+           d.run_at, NULL, NULL, NULL, NULL, d.created_at, d.errors, d.metadata, d.tags,
+           d.unique_key, d.unique_states, NULL, NULL, d.run_lease, NULL, d.ordering_key
     FROM {s}.deferred_jobs d;
 
 -- Indexes (on the parents: every child gets its own).

@@ -10,6 +10,8 @@
 //! is still missing before a client can run on it is listed in the design document.
 
 use crate::error::{AwaError, Result};
+use crate::model::job::JOB_COLUMNS;
+use crate::model::{JobRow, NewJob};
 use crate::storage::pool::Db;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -26,33 +28,6 @@ pub struct QueueStorage {
     schema: String,
     queue_slots: u32,
     lease_slots: u32,
-}
-
-/// One claimed attempt.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Claimed {
-    pub id: i64,
-    pub run_lease: i64,
-    pub kind: String,
-    pub args: Value,
-    pub attempt: i32,
-    pub slot: i32,
-    pub seq: i64,
-}
-
-impl Claimed {
-    fn from_row(row: (i64, i64, String, Value, i32, i32, i64)) -> Self {
-        let (id, run_lease, kind, args, attempt, slot, seq) = row;
-        Claimed {
-            id,
-            run_lease,
-            kind,
-            args,
-            attempt,
-            slot,
-            seq,
-        }
-    }
 }
 
 /// A lane's claim position (for tests and status reads).
@@ -178,23 +153,43 @@ impl QueueStorage {
         Ok(())
     }
 
-    /// Append due jobs (one kind/args pair each) to the current slot of lane `(queue,
-    /// priority)`; returns their ids. Runs in `executor`'s transaction when it is one.
+    /// Insert validated jobs (what every insert path builds with the shared validator): a job
+    /// due now becomes a ready entry in the current slot, a later one a scheduled deferred
+    /// row. Returns the ids in input order. Runs in `executor`'s transaction when it is one.
     pub async fn enqueue<'e, E: sqlx::PgExecutor<'e>>(
         &self,
         executor: E,
-        queue: &str,
-        priority: i16,
-        jobs: &[(String, Value)],
+        jobs: &[NewJob],
     ) -> Result<Vec<i64>> {
-        let (kinds, args): (Vec<&str>, Vec<&Value>) =
-            jobs.iter().map(|(k, a)| (k.as_str(), a)).unzip();
-        let sql = format!("SELECT * FROM {}($1, $2, $3, $4)", self.name("qs_enqueue"));
+        let column = |f: fn(&NewJob) -> Value| jobs.iter().map(f).collect::<Vec<Value>>();
+        let sql = format!(
+            "SELECT * FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            self.name("qs_enqueue")
+        );
         Ok(sqlx::query_scalar(&sql)
-            .bind(queue)
-            .bind(priority)
-            .bind(kinds)
-            .bind(args)
+            .bind(jobs.iter().map(|j| j.kind.as_str()).collect::<Vec<_>>())
+            .bind(jobs.iter().map(|j| j.queue.as_str()).collect::<Vec<_>>())
+            .bind(column(|j| j.args.clone()))
+            .bind(jobs.iter().map(|j| j.priority).collect::<Vec<_>>())
+            .bind(jobs.iter().map(|j| j.max_attempts).collect::<Vec<_>>())
+            .bind(jobs.iter().map(|j| j.run_at).collect::<Vec<_>>())
+            .bind(column(|j| Value::from(j.tags.clone())))
+            .bind(column(|j| j.metadata.clone()))
+            .bind(
+                jobs.iter()
+                    .map(|j| j.unique_key.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                jobs.iter()
+                    .map(|j| j.unique_states.map(i16::from))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                jobs.iter()
+                    .map(|j| j.ordering_key.clone())
+                    .collect::<Vec<_>>(),
+            )
             .fetch_all(executor)
             .await?)
     }
@@ -206,15 +201,18 @@ impl QueueStorage {
         queue: &str,
         priority: i16,
         n: i32,
-    ) -> Result<Vec<Claimed>> {
+    ) -> Result<Vec<JobRow>> {
         let sql = format!("SELECT * FROM {}($1, $2, $3)", self.name("qs_claim"));
-        let rows: Vec<(i64, i64, String, Value, i32, i32, i64)> = sqlx::query_as(&sql)
+        let rows = sqlx::query(&sql)
             .bind(queue)
             .bind(priority)
             .bind(n)
             .fetch_all(pool.pool())
             .await?;
-        Ok(rows.into_iter().map(Claimed::from_row).collect())
+        Ok(rows
+            .iter()
+            .map(JobRow::from_row)
+            .collect::<std::result::Result<_, _>>()?)
     }
 
     /// Claim up to `n` jobs of `queue`, best priority first (each of the four lanes in turn);
@@ -226,18 +224,21 @@ impl QueueStorage {
         queue: &str,
         n: i32,
         deadline: Option<Duration>,
-    ) -> Result<Vec<Claimed>> {
+    ) -> Result<Vec<JobRow>> {
         let sql = format!(
             "SELECT * FROM {}($1, $2, make_interval(secs => $3))",
             self.name("qs_claim_queue")
         );
-        let rows: Vec<(i64, i64, String, Value, i32, i32, i64)> = sqlx::query_as(&sql)
+        let rows = sqlx::query(&sql)
             .bind(queue)
             .bind(n)
             .bind(deadline.map(|d| d.as_secs_f64()))
             .fetch_all(pool.pool())
             .await?;
-        Ok(rows.into_iter().map(Claimed::from_row).collect())
+        Ok(rows
+            .iter()
+            .map(JobRow::from_row)
+            .collect::<std::result::Result<_, _>>()?)
     }
 
     /// Heartbeat attempts `(ids[i], run_leases[i])`; returns the ids still open.
@@ -331,14 +332,18 @@ impl QueueStorage {
         Ok(sqlx::query_scalar(&sql).fetch_one(pool.pool()).await?)
     }
 
-    /// Every job the substrate holds as `(id, state, attempt, run_lease)`, by id (the
-    /// `qs_jobs` view: one row per job, in canonical's state names).
-    pub async fn job_states(&self, pool: &Db) -> Result<Vec<(i64, String, i32, i64)>> {
+    /// Every job the substrate holds, one row each, by id (the `qs_jobs` view, in
+    /// canonical's states and columns).
+    pub async fn jobs(&self, pool: &Db) -> Result<Vec<JobRow>> {
         let sql = format!(
-            "SELECT id, state, attempt, run_lease FROM {} ORDER BY id, state",
+            "SELECT {JOB_COLUMNS} FROM {} ORDER BY id, state",
             self.name("qs_jobs")
         );
-        Ok(sqlx::query_as(&sql).fetch_all(pool.pool()).await?)
+        let rows = sqlx::query(&sql).fetch_all(pool.pool()).await?;
+        Ok(rows
+            .iter()
+            .map(JobRow::from_row)
+            .collect::<std::result::Result<_, _>>()?)
     }
 
     /// The claim position of every lane.
