@@ -853,3 +853,35 @@ async fn a_job_keeps_its_fields_and_a_later_one_waits_as_scheduled() {
     assert_eq!(states, [(ids[0], "running"), (ids[1], "scheduled")]);
     assert!(all[1].run_at > chrono::Utc::now());
 }
+
+#[tokio::test]
+async fn the_lease_ring_passes_over_slots_with_open_leases() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 3).await;
+    let ids = qs
+        .enqueue(db.pool.pool(), &jobs("q", 2, 2, "l"))
+        .await
+        .unwrap();
+    let a = qs.claim_queue(&db.pool, "q", 1, None).await.unwrap(); // lease slot 0
+    assert_eq!(qs.rotate_leases(&db.pool).await.unwrap(), 1);
+    let b = qs.claim_queue(&db.pool, "q", 1, None).await.unwrap(); // lease slot 1
+    assert_eq!(qs.rotate_leases(&db.pool).await.unwrap(), 2);
+    // Slots 0 and 1 each hold an open lease: the ring stays where it is.
+    assert_eq!(qs.rotate_leases(&db.pool).await.unwrap(), 2);
+    qs.complete(&db.pool, &[a[0].id], &[a[0].run_lease])
+        .await
+        .unwrap();
+    // Slot 0 is empty now: truncated, and current again.
+    assert_eq!(qs.rotate_leases(&db.pool).await.unwrap(), 0);
+    let slot_of_b: i32 = sqlx::query_scalar("SELECT lease_slot FROM awa_qs.leases WHERE id = $1")
+        .bind(ids[1])
+        .fetch_one(db.pool.pool())
+        .await
+        .unwrap();
+    assert_eq!(slot_of_b, 1, "a lease never moves");
+    let done = qs
+        .complete(&db.pool, &[b[0].id], &[b[0].run_lease])
+        .await
+        .unwrap();
+    assert_eq!(done, [ids[1]]);
+}

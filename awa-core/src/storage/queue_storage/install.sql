@@ -221,8 +221,10 @@ DECLARE
     next_cursor bigint;
 BEGIN
     -- Lock order, everywhere: leases, then a queue slot's tables (reclaim_queue takes leases in
-    -- EXCLUSIVE mode before its slot; a claim must not hold a slot's lock while it waits).
-    LOCK TABLE {s}.leases IN ROW EXCLUSIVE MODE;
+    -- EXCLUSIVE mode before its slot; a claim must not hold a slot's lock while it waits). The
+    -- parent alone carries that order (every statement on leases locks the parent first), so
+    -- a claim does not lock every lease slot, which would keep them from being truncated.
+    LOCK TABLE ONLY {s}.leases IN ROW EXCLUSIVE MODE;
     -- Lanes are created by claimers, never by producers: a producer that created one would make
     -- every other producer of the lane wait for its commit (ON CONFLICT waits on an insert in
     -- progress).
@@ -499,7 +501,7 @@ BEGIN
     saved_timeout := current_setting('lock_timeout');
     PERFORM set_config('lock_timeout', '100ms', true);
     BEGIN
-        LOCK TABLE {s}.leases IN EXCLUSIVE MODE;
+        LOCK TABLE ONLY {s}.leases IN EXCLUSIVE MODE;
         EXECUTE format('LOCK TABLE {s}.ready_entries_%1$s, {s}.claimed_entries_%1$s,'
                        ' {s}.receipts_%1$s, {s}.done_entries_%1$s IN ACCESS EXCLUSIVE MODE', old);
     EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
@@ -563,38 +565,40 @@ BEGIN
     RETURN carried;
 END $$;
 
--- Truncate every lease slot that is not current and holds no lease, then move the current
--- lease slot on to an empty one. Returns the new current lease slot.
+-- Move the lease ring on: the first slot after the current one that holds no lease is
+-- truncated (its leases' dead tuples go with it) and becomes current. Returns the current slot.
+-- A slot is locked in a subtransaction and waited for a moment at most (completions lock every
+-- lease slot while they run, and a reader may hold lease slots in any order); a busy or
+-- non-empty slot is released at once and the next one tried.
 CREATE FUNCTION {s}.qs_rotate_leases()
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     st {s}.lease_ring_state;
     i integer;
     empty boolean;
-    nxt integer;
+    saved_timeout text;
 BEGIN
     SELECT * INTO st FROM {s}.lease_ring_state FOR UPDATE;
-    FOR i IN 0 .. st.slots - 1 LOOP
-        CONTINUE WHEN i = st.current;
-        -- Never wait (a reader may hold lease slots in any order): a busy slot is skipped
-        -- this pass.
+    saved_timeout := current_setting('lock_timeout');
+    PERFORM set_config('lock_timeout', '50ms', true);
+    FOR k IN 1 .. st.slots - 1 LOOP
+        i := (st.current + k) % st.slots;
         BEGIN
-            EXECUTE format('LOCK TABLE {s}.leases_%s IN ACCESS EXCLUSIVE MODE NOWAIT', i);
-        EXCEPTION WHEN lock_not_available THEN
-            CONTINUE;
-        END;
-        EXECUTE format('SELECT NOT EXISTS (SELECT 1 FROM {s}.leases_%s)', i) INTO empty;
-        IF empty THEN
-            EXECUTE format('TRUNCATE {s}.leases_%s', i);
-            IF nxt IS NULL THEN
-                nxt := i;
+            EXECUTE format('LOCK TABLE {s}.leases_%s IN ACCESS EXCLUSIVE MODE', i);
+            EXECUTE format('SELECT NOT EXISTS (SELECT 1 FROM {s}.leases_%s)', i) INTO empty;
+            IF NOT empty THEN
+                -- Roll the subtransaction back, so its lock goes too.
+                RAISE EXCEPTION 'lease slot % is in use', i USING ERRCODE = 'AWQ01';
             END IF;
-        END IF;
+            EXECUTE format('TRUNCATE {s}.leases_%s', i);
+            UPDATE {s}.lease_ring_state SET current = i;
+            PERFORM set_config('lock_timeout', saved_timeout, true);
+            RETURN i;
+        EXCEPTION WHEN lock_not_available OR deadlock_detected OR SQLSTATE 'AWQ01' THEN
+            NULL;
+        END;
     END LOOP;
-    IF nxt IS NOT NULL THEN
-        UPDATE {s}.lease_ring_state SET current = nxt;
-        RETURN nxt;
-    END IF;
+    PERFORM set_config('lock_timeout', saved_timeout, true);
     RETURN st.current;
 END $$;
 
