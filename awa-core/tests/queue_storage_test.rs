@@ -885,3 +885,71 @@ async fn the_lease_ring_passes_over_slots_with_open_leases() {
         .unwrap();
     assert_eq!(done, [ids[1]]);
 }
+
+#[tokio::test]
+async fn copy_writes_every_field_and_defers_later_jobs() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let mut batch = jobs("q", 2, 300, "copy");
+    for (i, j) in batch.iter_mut().enumerate() {
+        j.args = json!({ "i": i, "s": "tab\there\\back\nline \"q\" é" });
+        j.tags = vec!["t\t1".into(), format!("n{i}")];
+        j.metadata = json!({ "m": i });
+        j.ordering_key = (i % 2 == 0).then(|| format!("k{i}"));
+        j.unique_key = (i % 3 == 0).then(|| vec![i as u8, 0, 255]);
+        j.unique_states = j.unique_key.as_ref().map(|_| 2);
+    }
+    let mut later = jobs("q", 2, 1, "later").remove(0);
+    later.run_at = Some(chrono::Utc::now() + chrono::Duration::hours(1));
+    batch.push(later);
+    let mut conn = db.pool.acquire().await.unwrap();
+    let written = qs.enqueue_copy(&mut conn, &batch).await.unwrap();
+    assert_eq!(written, 301);
+
+    let got = qs.claim_queue(&db.pool, "q", 1000, None).await.unwrap();
+    assert_eq!(got.len(), 300, "the later job waits");
+    for (j, want) in got.iter().zip(&batch) {
+        assert_eq!(j.args, want.args);
+        assert_eq!(j.tags, want.tags);
+        assert_eq!(j.metadata, want.metadata);
+        assert_eq!(j.ordering_key, want.ordering_key);
+        assert_eq!(j.unique_key, want.unique_key);
+        assert_eq!(j.unique_states, want.unique_states.map(i16::from));
+        assert_eq!((j.attempt, j.run_lease), (1, 1));
+    }
+    let scheduled = qs
+        .jobs(&db.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|j| j.state == awa_core::JobState::Scheduled)
+        .count();
+    assert_eq!(scheduled, 1);
+}
+
+#[tokio::test]
+async fn a_late_copy_is_claimed_and_the_cursor_never_passes_it() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let mut late = db.pool.begin().await.unwrap();
+    qs.enqueue_copy(&mut late, &jobs("q", 2, 1, "late"))
+        .await
+        .unwrap();
+    let late_seq: i64 =
+        sqlx::query_scalar("SELECT seq FROM awa_qs.ready_entries WHERE args->>'tag' = 'late'")
+            .fetch_one(&mut *late)
+            .await
+            .unwrap();
+    qs.enqueue(db.pool.pool(), &jobs("q", 2, 2, "early"))
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        qs.claim(&db.pool, "q", 2, 10).await.unwrap();
+        let lane = &qs.lanes(&db.pool).await.unwrap()[0];
+        assert!(lane.cursor <= late_seq, "the cursor passed an open COPY");
+    }
+    late.commit().await.unwrap();
+    let after = qs.claim(&db.pool, "q", 2, 10).await.unwrap();
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].args["tag"], "late");
+}

@@ -100,7 +100,13 @@ async fn copy_jobs(conn: &mut PgConnection, jobs: &[NewJob], ids: Option<&[i64]>
         None
     };
     let statement = copy_statement(ids.is_some(), now.is_some());
-    let result = stream_rows(conn, &statement, jobs, ids, now).await;
+    let result = stream(
+        conn,
+        &statement,
+        jobs.iter().enumerate(),
+        |buf, (i, job)| encode_row(buf, job, ids.and_then(|ids| ids.get(i).copied()), now),
+    )
+    .await;
     match result {
         Ok(n) => {
             crate::metrics::series::record_each(
@@ -123,7 +129,7 @@ async fn copy_jobs(conn: &mut PgConnection, jobs: &[NewJob], ids: Option<&[i64]>
 
 /// Why streaming stopped: the database refused (mapped by the caller) or a row could not be
 /// encoded (the COPY was aborted first).
-enum CopyError {
+pub(crate) enum CopyError {
     Db(sqlx::Error),
     Encode(AwaError),
 }
@@ -134,18 +140,20 @@ impl From<sqlx::Error> for CopyError {
     }
 }
 
-async fn stream_rows(
+/// Run a binary `COPY ... FROM STDIN` (`statement`), encoding each item with `encode` (one
+/// tuple: its field count, then its fields, with the `put_*` helpers) and sending the buffer in
+/// chunks; returns the rows written.
+pub(crate) async fn stream<T>(
     conn: &mut PgConnection,
     statement: &str,
-    jobs: &[NewJob],
-    ids: Option<&[i64]>,
-    now: Option<DateTime<Utc>>,
+    items: impl Iterator<Item = T>,
+    mut encode: impl FnMut(&mut Vec<u8>, T) -> std::result::Result<(), AwaError>,
 ) -> std::result::Result<u64, CopyError> {
     let mut copy = conn.copy_in_raw(statement).await?;
     let mut buf = Vec::with_capacity(CHUNK_BYTES + 4096);
     buf.extend_from_slice(HEADER);
-    for (i, job) in jobs.iter().enumerate() {
-        if let Err(e) = encode_row(&mut buf, job, ids.and_then(|ids| ids.get(i).copied()), now) {
+    for item in items {
+        if let Err(e) = encode(&mut buf, item) {
             // Ends the COPY on the server (nothing is written) and leaves the connection usable.
             copy.abort(e.to_string()).await?;
             return Err(CopyError::Encode(e));
@@ -205,7 +213,7 @@ fn encode_row(
     Ok(())
 }
 
-fn put_null(buf: &mut Vec<u8>) {
+pub(crate) fn put_null(buf: &mut Vec<u8>) {
     buf.extend_from_slice(&(-1i32).to_be_bytes());
 }
 
@@ -218,7 +226,7 @@ fn field_len(len: usize) -> std::result::Result<i32, AwaError> {
     })
 }
 
-fn put_bytes(buf: &mut Vec<u8>, bytes: &[u8]) -> std::result::Result<(), AwaError> {
+pub(crate) fn put_bytes(buf: &mut Vec<u8>, bytes: &[u8]) -> std::result::Result<(), AwaError> {
     buf.extend_from_slice(&field_len(bytes.len())?.to_be_bytes());
     buf.extend_from_slice(bytes);
     Ok(())
@@ -226,7 +234,10 @@ fn put_bytes(buf: &mut Vec<u8>, bytes: &[u8]) -> std::result::Result<(), AwaErro
 
 /// `jsonb`'s binary form: version byte 1, then the JSON text. The text is written straight
 /// into the buffer and its length filled in afterwards.
-fn put_jsonb(buf: &mut Vec<u8>, value: &serde_json::Value) -> std::result::Result<(), AwaError> {
+pub(crate) fn put_jsonb(
+    buf: &mut Vec<u8>,
+    value: &serde_json::Value,
+) -> std::result::Result<(), AwaError> {
     let at = buf.len();
     buf.extend_from_slice(&0i32.to_be_bytes());
     buf.push(1);
@@ -237,7 +248,10 @@ fn put_jsonb(buf: &mut Vec<u8>, value: &serde_json::Value) -> std::result::Resul
 }
 
 /// A one-dimensional `text[]` without NULLs (an empty one has no dimensions).
-fn put_text_array(buf: &mut Vec<u8>, items: &[String]) -> std::result::Result<(), AwaError> {
+pub(crate) fn put_text_array(
+    buf: &mut Vec<u8>,
+    items: &[String],
+) -> std::result::Result<(), AwaError> {
     let at = buf.len();
     buf.extend_from_slice(&0i32.to_be_bytes());
     let dims: i32 = if items.is_empty() { 0 } else { 1 };
@@ -258,7 +272,7 @@ fn put_text_array(buf: &mut Vec<u8>, items: &[String]) -> std::result::Result<()
 
 /// `timestamptz`'s binary form: microseconds since 2000-01-01 00:00 UTC (truncated, as sqlx
 /// encodes a bound `DateTime` for `insert_jobs`).
-fn pg_timestamp(at: DateTime<Utc>) -> std::result::Result<i64, AwaError> {
+pub(crate) fn pg_timestamp(at: DateTime<Utc>) -> std::result::Result<i64, AwaError> {
     let epoch = Utc
         .with_ymd_and_hms(2000, 1, 1, 0, 0, 0)
         .single()

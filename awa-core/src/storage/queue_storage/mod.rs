@@ -12,9 +12,12 @@
 use crate::error::{AwaError, Result};
 use crate::model::job::JOB_COLUMNS;
 use crate::model::{JobRow, NewJob};
+use crate::storage::copy;
 use crate::storage::pool::Db;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
+use sqlx::{Connection, PgConnection};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 const INSTALL_SQL: &str = include_str!("install.sql");
@@ -192,6 +195,89 @@ impl QueueStorage {
             )
             .fetch_all(executor)
             .await?)
+    }
+
+    /// [`QueueStorage::enqueue`] by `COPY ... FROM STDIN` (binary) into the current slot for the
+    /// jobs due now (jobs due later take the row path into `deferred_jobs`); returns how many
+    /// were written. All or nothing: it runs in a transaction of its own, or in a savepoint of
+    /// the caller's. The statement-level trigger holds the producer's transaction id before the
+    /// rows draw their seqs, as for row inserts.
+    pub async fn enqueue_copy(&self, conn: &mut PgConnection, jobs: &[NewJob]) -> Result<u64> {
+        if jobs.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = conn.begin().await?;
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&mut *tx)
+            .await?;
+        let (due, later): (Vec<&NewJob>, Vec<&NewJob>) = jobs
+            .iter()
+            .partition(|j| j.run_at.is_none_or(|at| at <= now));
+        let mut written = 0u64;
+        if !later.is_empty() {
+            let later: Vec<NewJob> = later.into_iter().cloned().collect();
+            written += self.enqueue(&mut *tx, &later).await?.len() as u64;
+        }
+        if !due.is_empty() {
+            let (slot, generation): (i32, i64) = sqlx::query_as(&format!(
+                "SELECT slot, generation FROM {}()",
+                self.name("qs_current_slot")
+            ))
+            .fetch_one(&mut *tx)
+            .await?;
+            let statement = format!(
+                "COPY {} (slot, generation, queue, priority, kind, args, attempt, max_attempts, \
+                 run_lease, run_at, created_at, metadata, tags, errors, unique_key, \
+                 unique_states, ordering_key) FROM STDIN (FORMAT binary)",
+                self.name("ready_entries")
+            );
+            let stamp = copy::pg_timestamp(now)?;
+            let result = copy::stream(&mut tx, &statement, due.iter(), |buf, job| {
+                buf.extend_from_slice(&17i16.to_be_bytes());
+                copy::put_bytes(buf, &slot.to_be_bytes())?;
+                copy::put_bytes(buf, &generation.to_be_bytes())?;
+                copy::put_bytes(buf, job.queue.as_bytes())?;
+                copy::put_bytes(buf, &job.priority.to_be_bytes())?;
+                copy::put_bytes(buf, job.kind.as_bytes())?;
+                copy::put_jsonb(buf, &job.args)?;
+                copy::put_bytes(buf, &0i32.to_be_bytes())?;
+                copy::put_bytes(buf, &job.max_attempts.to_be_bytes())?;
+                copy::put_bytes(buf, &0i64.to_be_bytes())?;
+                let run_at = job.run_at.map_or(Ok(stamp), copy::pg_timestamp)?;
+                copy::put_bytes(buf, &run_at.to_be_bytes())?;
+                copy::put_bytes(buf, &stamp.to_be_bytes())?;
+                copy::put_jsonb(buf, &job.metadata)?;
+                copy::put_text_array(buf, &job.tags)?;
+                copy::put_jsonb(buf, &Value::Array(Vec::new()))?;
+                match &job.unique_key {
+                    Some(key) => copy::put_bytes(buf, key)?,
+                    None => copy::put_null(buf),
+                }
+                match job.unique_states {
+                    Some(states) => copy::put_bytes(buf, &i16::from(states).to_be_bytes())?,
+                    None => copy::put_null(buf),
+                }
+                match &job.ordering_key {
+                    Some(key) => copy::put_bytes(buf, key.as_bytes())?,
+                    None => copy::put_null(buf),
+                }
+                Ok(())
+            })
+            .await;
+            written += match result {
+                Ok(n) => n,
+                Err(copy::CopyError::Db(e)) => return Err(e.into()),
+                Err(copy::CopyError::Encode(e)) => return Err(e),
+            };
+            let queues: BTreeSet<&str> = due.iter().map(|j| j.queue.as_str()).collect();
+            crate::storage::wake_queues(
+                &mut *tx,
+                &queues.into_iter().map(String::from).collect::<Vec<_>>(),
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(written)
     }
 
     /// Claim up to `n` jobs of lane `(queue, priority)` in seq order.
