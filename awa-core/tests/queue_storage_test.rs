@@ -953,3 +953,74 @@ async fn a_late_copy_is_claimed_and_the_cursor_never_passes_it() {
     assert_eq!(after.len(), 1);
     assert_eq!(after[0].args["tag"], "late");
 }
+
+/// ADR-046 on this engine's batched path: a follow-up is inserted if and only if its attempt's
+/// lease-guarded completion commits: in the completion's transaction, for exactly the ids the
+/// guard matched; a stale attempt's follow-up is never inserted, and a rolled-back completion
+/// leaves the lease open and no follow-up.
+#[tokio::test]
+async fn follow_ups_are_inserted_with_exactly_the_completions_that_commit() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    qs.enqueue(db.pool.pool(), &jobs("q", 2, 3, "parent"))
+        .await
+        .unwrap();
+    let c = qs.claim_queue(&db.pool, "q", 3, None).await.unwrap();
+    // c[1]'s attempt is rescued (its lease deleted) before the batch completes.
+    sqlx::query("DELETE FROM awa_qs.leases WHERE id = $1")
+        .bind(c[1].id)
+        .execute(db.pool.pool())
+        .await
+        .unwrap();
+    let follow_up = |parent: i64| {
+        let mut j = jobs("followups", 2, 1, "child").remove(0);
+        j.args = json!({ "parent": parent });
+        j
+    };
+
+    // A batch whose transaction rolls back: nothing happened.
+    let mut tx = db.pool.begin().await.unwrap();
+    let done = qs
+        .complete_in(&mut *tx, &[c[0].id], &[c[0].run_lease])
+        .await
+        .unwrap();
+    qs.enqueue(
+        &mut *tx,
+        &done.iter().map(|id| follow_up(*id)).collect::<Vec<_>>(),
+    )
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM awa_qs.leases WHERE id = $1")
+        .bind(c[0].id)
+        .fetch_one(db.pool.pool())
+        .await
+        .unwrap();
+    assert_eq!(open, 1, "the rolled-back completion left the lease open");
+
+    // The batch that commits: the follow-ups of exactly the matched ids.
+    let mut tx = db.pool.begin().await.unwrap();
+    let ids: Vec<i64> = c.iter().map(|j| j.id).collect();
+    let leases: Vec<i64> = c.iter().map(|j| j.run_lease).collect();
+    let mut done = qs.complete_in(&mut *tx, &ids, &leases).await.unwrap();
+    done.sort_unstable();
+    assert_eq!(done, [c[0].id, c[2].id], "the rescued attempt is stale");
+    qs.enqueue(
+        &mut *tx,
+        &done.iter().map(|id| follow_up(*id)).collect::<Vec<_>>(),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+
+    let children = qs
+        .claim_queue(&db.pool, "followups", 10, None)
+        .await
+        .unwrap();
+    let mut parents: Vec<i64> = children
+        .iter()
+        .map(|j| j.args["parent"].as_i64().unwrap())
+        .collect();
+    parents.sort_unstable();
+    assert_eq!(parents, [c[0].id, c[2].id]);
+}

@@ -360,11 +360,23 @@ impl QueueStorage {
     /// Complete attempts `(ids[i], run_leases[i])`; returns the ids whose lease was still
     /// open (the others were rescued or already completed: stale, nothing written).
     pub async fn complete(&self, pool: &Db, ids: &[i64], run_leases: &[i64]) -> Result<Vec<i64>> {
+        self.complete_in(pool.pool(), ids, run_leases).await
+    }
+
+    /// [`QueueStorage::complete`] through any executor, so a caller's transaction can insert
+    /// the follow-ups of exactly the ids returned (ADR-046: inserted if and only if that
+    /// attempt's completion commits) before it commits.
+    pub async fn complete_in<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        executor: E,
+        ids: &[i64],
+        run_leases: &[i64],
+    ) -> Result<Vec<i64>> {
         let sql = format!("SELECT * FROM {}($1, $2)", self.name("qs_complete"));
         Ok(sqlx::query_scalar(&sql)
             .bind(ids)
             .bind(run_leases)
-            .fetch_all(pool.pool())
+            .fetch_all(executor)
             .await?)
     }
 
