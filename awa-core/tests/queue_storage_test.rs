@@ -1024,3 +1024,136 @@ async fn follow_ups_are_inserted_with_exactly_the_completions_that_commit() {
     parents.sort_unstable();
     assert_eq!(parents, [c[0].id, c[2].id]);
 }
+
+#[tokio::test]
+async fn progress_and_callbacks_live_in_the_lease() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let ids = qs
+        .enqueue(db.pool.pool(), &jobs("q", 2, 2, "cb"))
+        .await
+        .unwrap();
+    let c = qs.claim_queue(&db.pool, "q", 2, None).await.unwrap();
+    assert!(qs
+        .set_progress(&db.pool, c[0].id, c[0].run_lease, &json!({"pct": 50}))
+        .await
+        .unwrap());
+    assert!(!qs
+        .set_progress(&db.pool, c[0].id, 99, &json!({"pct": 60}))
+        .await
+        .unwrap());
+    // Job 0 waits on a callback for an hour; job 1 on one that has already timed out.
+    let long = qs
+        .register_callback(&db.pool, c[0].id, c[0].run_lease, Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .expect("an open attempt");
+    let short = qs
+        .register_callback(&db.pool, c[1].id, c[1].run_lease, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("an open attempt");
+    assert!(!qs
+        .park(&db.pool, c[0].id, c[0].run_lease, &short)
+        .await
+        .unwrap());
+    assert!(qs
+        .park(&db.pool, c[0].id, c[0].run_lease, &long)
+        .await
+        .unwrap());
+    assert!(qs
+        .park(&db.pool, c[1].id, c[1].run_lease, &short)
+        .await
+        .unwrap());
+    let view = qs.jobs(&db.pool).await.unwrap();
+    assert_eq!(view[0].state, awa_core::JobState::WaitingExternal);
+    assert_eq!(view[0].progress, Some(json!({"pct": 50})));
+    assert_eq!(view[0].callback_id.as_deref(), Some(long.as_str()));
+
+    // A parked attempt is not heartbeated, so only its callback's timeout rescues it.
+    let rescued = qs.rescue(&db.pool, Duration::ZERO).await.unwrap();
+    assert_eq!(rescued, [ids[1]]);
+    let errors: serde_json::Value =
+        sqlx::query_scalar("SELECT errors FROM awa_qs.deferred_jobs WHERE id = $1")
+            .bind(ids[1])
+            .fetch_one(db.pool.pool())
+            .await
+            .unwrap();
+    assert_eq!(errors[0]["error"], "rescued: callback timed out");
+}
+
+#[tokio::test]
+async fn cancel_ends_a_job_in_every_state_it_can_be_in() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let mut batch = jobs("q", 2, 4, "c");
+    let mut later = jobs("q", 2, 1, "later").remove(0);
+    later.run_at = Some(chrono::Utc::now() + chrono::Duration::hours(1));
+    batch.push(later);
+    let ids = qs.enqueue(db.pool.pool(), &batch).await.unwrap();
+    // ids[0] running, ids[1] parked, ids[2] completed, ids[3] available, ids[4] scheduled.
+    let c = qs.claim_queue(&db.pool, "q", 3, None).await.unwrap();
+    let cb = qs
+        .register_callback(&db.pool, c[1].id, c[1].run_lease, Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(qs
+        .park(&db.pool, c[1].id, c[1].run_lease, &cb)
+        .await
+        .unwrap());
+    qs.complete(&db.pool, &[c[2].id], &[c[2].run_lease])
+        .await
+        .unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener.listen("awa:cancel").await.unwrap();
+
+    let left: Vec<Option<String>> = {
+        let mut out = Vec::new();
+        for id in &ids {
+            out.push(qs.cancel(&db.pool, *id).await.unwrap());
+        }
+        out
+    };
+    assert_eq!(
+        left,
+        [
+            Some("running".to_string()),
+            Some("cancelled".to_string()),
+            None,
+            Some("cancelled".to_string()),
+            Some("cancelled".to_string()),
+        ]
+    );
+    let told = tokio::time::timeout(Duration::from_secs(30), listener.recv())
+        .await
+        .expect("the running job's worker is told")
+        .unwrap();
+    assert_eq!(told.payload(), ids[0].to_string());
+    assert!(qs.cancel(&db.pool, 424242).await.unwrap().is_none());
+    // Nothing cancelled is claimable; the running job, once rescued, is cancelled, not retried.
+    assert!(qs
+        .claim_queue(&db.pool, "q", 10, None)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(qs.promote(&db.pool).await.unwrap(), 0);
+    assert_eq!(qs.rescue(&db.pool, Duration::ZERO).await.unwrap(), [ids[0]]);
+    let states: Vec<&str> = qs
+        .jobs(&db.pool)
+        .await
+        .unwrap()
+        .iter()
+        .map(|j| j.state.as_str())
+        .collect();
+    assert_eq!(
+        states,
+        [
+            "cancelled",
+            "cancelled",
+            "completed",
+            "cancelled",
+            "cancelled"
+        ]
+    );
+}

@@ -93,7 +93,9 @@ CREATE TABLE {s}.leases (
     attempted_at timestamptz NOT NULL,
     progress     jsonb,
     callback_id  uuid,
-    callback_timeout_at timestamptz
+    callback_timeout_at timestamptz,
+    waiting      boolean     NOT NULL DEFAULT false,
+    cancel_requested_at timestamptz
 ) PARTITION BY LIST (lease_slot);
 
 -- Completions: one narrow row per batched completion statement and queue slot.
@@ -372,6 +374,122 @@ BEGIN
     RETURN true;
 END $$;
 
+-- Record an open attempt's progress; false when its lease is gone.
+CREATE FUNCTION {s}.qs_set_progress(p_id bigint, p_lease bigint, p_progress jsonb)
+RETURNS boolean LANGUAGE sql AS $$
+    WITH u AS (
+        UPDATE {s}.leases l SET progress = p_progress
+        WHERE l.id = p_id AND l.run_lease = p_lease RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM u)
+$$;
+
+-- Register a callback for an open attempt: a new callback id and its timeout; NULL when the
+-- attempt's lease is gone.
+CREATE FUNCTION {s}.qs_register_callback(p_id bigint, p_lease bigint, p_timeout interval)
+RETURNS text LANGUAGE sql AS $$
+    UPDATE {s}.leases l SET callback_id = gen_random_uuid(),
+        callback_timeout_at = now() + p_timeout
+    WHERE l.id = p_id AND l.run_lease = p_lease
+    RETURNING l.callback_id::text
+$$;
+
+-- Park an attempt that returned "wait for the callback" (canonical's waiting_external): its
+-- lease stays, no longer heartbeated, until the callback resolves or times out. False when the
+-- lease is gone or the callback is not this attempt's.
+CREATE FUNCTION {s}.qs_park(p_id bigint, p_lease bigint, p_callback_id text)
+RETURNS boolean LANGUAGE sql AS $$
+    WITH u AS (
+        UPDATE {s}.leases l SET waiting = true
+        WHERE l.id = p_id AND l.run_lease = p_lease AND l.callback_id::text = p_callback_id
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM u)
+$$;
+
+-- Cancel a job, as canonical's cancel does: one that has not started (available, scheduled,
+-- retryable) or is parked on a callback is cancelled at once; a running one is flagged (its
+-- handler is told on `awa:cancel`) and ends as its handler decides, or cancelled if rescued.
+-- Returns the state the job is left in, or NULL when the substrate does not hold it
+-- unfinished.
+CREATE FUNCTION {s}.qs_cancel(p_id bigint)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    l {s}.leases;
+    e {s}.ready_entries;
+    d {s}.deferred_jobs;
+    cur record;
+    reason jsonb;
+BEGIN
+    reason := jsonb_build_object('at', now(), 'error', 'cancelled: by request');
+    -- Parked on a callback: the lease goes, the attempt is cancelled.
+    DELETE FROM {s}.leases x WHERE x.id = p_id AND x.waiting RETURNING x.* INTO l;
+    IF FOUND THEN
+        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at)
+        SELECT l.slot, l.generation, l.seq, 'cancelled',
+               y.errors || jsonb_build_array(reason || jsonb_build_object('attempt', l.attempt)),
+               now()
+        FROM {s}.ready_entries y
+        WHERE y.slot = l.slot AND y.queue = l.queue AND y.priority = l.priority AND y.seq = l.seq;
+        RETURN 'cancelled';
+    END IF;
+    -- Running: flag it and tell its worker.
+    UPDATE {s}.leases x SET cancel_requested_at = coalesce(x.cancel_requested_at, now())
+    WHERE x.id = p_id RETURNING x.* INTO l;
+    IF FOUND THEN
+        PERFORM pg_notify('awa:cancel', p_id::text);
+        RETURN 'running';
+    END IF;
+    -- Deferred: append its entry, consumed, with the cancellation. (Before the available
+    -- case: a promotion that took the row first leaves the job available, which the next
+    -- statement sees.)
+    DELETE FROM {s}.deferred_jobs x WHERE x.id = p_id RETURNING x.* INTO d;
+    IF FOUND THEN
+        SELECT * INTO cur FROM {s}.qs_current_slot();
+        WITH ins AS (
+            INSERT INTO {s}.ready_entries (slot, generation, queue, priority, id, kind, args,
+                attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
+                unique_key, unique_states, ordering_key)
+            VALUES (cur.slot, cur.generation, d.queue, d.priority, d.id, d.kind, d.args,
+                    d.attempt, d.max_attempts, d.run_lease, d.run_at, d.created_at, d.metadata,
+                    d.tags, d.errors, d.unique_key, d.unique_states, d.ordering_key)
+            RETURNING slot, generation, queue, priority, seq, attempt, errors
+        ), consumed AS (
+            INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
+            SELECT i.slot, i.queue, i.priority, i.seq FROM ins i
+        )
+        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at)
+        SELECT i.slot, i.generation, i.seq, 'cancelled',
+               i.errors || jsonb_build_array(reason || jsonb_build_object('attempt', i.attempt)),
+               now()
+        FROM ins i;
+        RETURN 'cancelled';
+    END IF;
+    -- Available: consume the entry and record it cancelled (an entry is never deleted). The
+    -- lane's row is locked as a claim locks it, and the entry looked up again after, so a
+    -- claim cannot take it meanwhile.
+    SELECT y.* INTO e FROM {s}.ready_entries y WHERE y.id = p_id ORDER BY y.seq DESC LIMIT 1;
+    IF FOUND THEN
+        INSERT INTO {s}.lanes (queue, priority) VALUES (e.queue, e.priority) ON CONFLICT DO NOTHING;
+        PERFORM 1 FROM {s}.lanes x WHERE x.queue = e.queue AND x.priority = e.priority FOR UPDATE;
+        SELECT y.* INTO e FROM {s}.ready_entries y
+        WHERE y.id = p_id AND NOT EXISTS (
+            SELECT 1 FROM {s}.claimed_entries c
+            WHERE c.slot = y.slot AND c.queue = y.queue AND c.priority = y.priority
+              AND c.seq = y.seq);
+        IF FOUND THEN
+            INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
+            VALUES (e.slot, e.queue, e.priority, e.seq);
+            INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at)
+            VALUES (e.slot, e.generation, e.seq, 'cancelled',
+                    e.errors || jsonb_build_array(reason || jsonb_build_object('attempt', e.attempt)),
+                    now());
+            RETURN 'cancelled';
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$;
+
 -- Complete a batch: the lease delete is the guard; one receipt per queue slot for exactly the
 -- leases deleted. Returns the ids completed.
 CREATE FUNCTION {s}.qs_complete(p_ids bigint[], p_leases bigint[])
@@ -388,15 +506,20 @@ RETURNS SETOF bigint LANGUAGE sql AS $$
     SELECT d.id FROM done d
 $$;
 
--- Rescue: leases whose heartbeat is older than p_stale, or whose deadline has passed, are
--- deleted (so a late completion of that attempt finds no guard) and their jobs deferred as
--- retryable, or failed when out of attempts. Returns the ids rescued.
+-- Rescue: running attempts whose heartbeat is older than p_stale or whose deadline has passed,
+-- and callbacks past their timeout, lose their lease (so a late completion of that attempt
+-- finds no guard); their jobs are deferred as retryable, or failed when out of attempts, or
+-- cancelled when a cancel was requested while they ran. Returns the ids rescued.
 CREATE FUNCTION {s}.qs_rescue(p_stale interval)
 RETURNS SETOF bigint LANGUAGE sql AS $$
     WITH gone AS (
-        DELETE FROM {s}.leases l WHERE l.heartbeat_at < now() - p_stale OR l.deadline_at < now()
+        DELETE FROM {s}.leases l
+        WHERE (NOT l.waiting AND (l.heartbeat_at < now() - p_stale OR l.deadline_at < now()))
+           OR l.callback_timeout_at < now()
         RETURNING l.id, l.run_lease, l.slot, l.generation, l.seq, l.attempt, l.queue, l.priority,
-                  CASE WHEN l.deadline_at < now() THEN 'rescued: deadline passed'
+                  l.cancel_requested_at IS NOT NULL AS cancel,
+                  CASE WHEN l.callback_timeout_at < now() THEN 'rescued: callback timed out'
+                       WHEN l.deadline_at < now() THEN 'rescued: deadline passed'
                        ELSE 'rescued: heartbeat stale' END AS reason
     ), rows AS (
         SELECT g.*, e.kind, e.args, e.max_attempts, e.created_at, e.metadata, e.tags,
@@ -412,11 +535,13 @@ RETURNS SETOF bigint LANGUAGE sql AS $$
         SELECT r.id, 'retryable', r.queue, r.priority, r.kind, r.args, r.attempt, r.max_attempts,
                r.run_lease, now(), r.created_at, r.metadata, r.tags, r.errors, r.unique_key,
                r.unique_states, r.ordering_key
-        FROM rows r WHERE r.attempt < r.max_attempts
+        FROM rows r WHERE r.attempt < r.max_attempts AND NOT r.cancel
     ), dead AS (
+        -- Out of attempts: failed; a cancel was requested while it ran: cancelled.
         INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at)
-        SELECT r.slot, r.generation, r.seq, 'failed', r.errors, now()
-        FROM rows r WHERE r.attempt >= r.max_attempts
+        SELECT r.slot, r.generation, r.seq, CASE WHEN r.cancel THEN 'cancelled' ELSE 'failed' END,
+               r.errors, now()
+        FROM rows r WHERE r.attempt >= r.max_attempts OR r.cancel
     )
     SELECT r.id FROM rows r
 $$;
@@ -622,7 +747,7 @@ CREATE VIEW {s}.qs_jobs AS
                         AND c.seq = e.seq)
     UNION ALL
     SELECT e.id, e.kind, e.queue, e.args,
-           CASE WHEN l.callback_id IS NULL THEN 'running' ELSE 'waiting_external' END,
+           CASE WHEN l.waiting THEN 'waiting_external' ELSE 'running' END,
            e.priority, l.attempt, e.max_attempts, e.run_at, l.heartbeat_at, l.deadline_at,
            l.attempted_at, NULL, e.created_at, e.errors, e.metadata, e.tags, e.unique_key,
            e.unique_states, l.callback_id::text, l.callback_timeout_at, l.run_lease, l.progress,

@@ -357,6 +357,73 @@ impl QueueStorage {
             .await?)
     }
 
+    /// Record an open attempt's progress; false when its lease is gone.
+    pub async fn set_progress(
+        &self,
+        pool: &Db,
+        id: i64,
+        run_lease: i64,
+        progress: &Value,
+    ) -> Result<bool> {
+        let sql = format!("SELECT {}($1, $2, $3)", self.name("qs_set_progress"));
+        Ok(sqlx::query_scalar(&sql)
+            .bind(id)
+            .bind(run_lease)
+            .bind(progress)
+            .fetch_one(pool.pool())
+            .await?)
+    }
+
+    /// Register a callback for an open attempt, timing out after `timeout`; its id, or `None`
+    /// when the attempt's lease is gone.
+    pub async fn register_callback(
+        &self,
+        pool: &Db,
+        id: i64,
+        run_lease: i64,
+        timeout: Duration,
+    ) -> Result<Option<String>> {
+        let sql = format!(
+            "SELECT {}($1, $2, make_interval(secs => $3))",
+            self.name("qs_register_callback")
+        );
+        Ok(sqlx::query_scalar(&sql)
+            .bind(id)
+            .bind(run_lease)
+            .bind(timeout.as_secs_f64())
+            .fetch_one(pool.pool())
+            .await?)
+    }
+
+    /// Park an attempt on its callback (`waiting_external`); false when the lease is gone or
+    /// the callback is not this attempt's.
+    pub async fn park(
+        &self,
+        pool: &Db,
+        id: i64,
+        run_lease: i64,
+        callback_id: &str,
+    ) -> Result<bool> {
+        let sql = format!("SELECT {}($1, $2, $3)", self.name("qs_park"));
+        Ok(sqlx::query_scalar(&sql)
+            .bind(id)
+            .bind(run_lease)
+            .bind(callback_id)
+            .fetch_one(pool.pool())
+            .await?)
+    }
+
+    /// Cancel a job as canonical's `cancel` does; the state it is left in (`cancelled`, or
+    /// `running` for a running attempt, which is told on `awa:cancel`), or `None` when the
+    /// substrate holds no unfinished job with this id.
+    pub async fn cancel(&self, pool: &Db, id: i64) -> Result<Option<String>> {
+        let sql = format!("SELECT {}($1)", self.name("qs_cancel"));
+        Ok(sqlx::query_scalar(&sql)
+            .bind(id)
+            .fetch_one(pool.pool())
+            .await?)
+    }
+
     /// Complete attempts `(ids[i], run_leases[i])`; returns the ids whose lease was still
     /// open (the others were rescued or already completed: stale, nothing written).
     pub async fn complete(&self, pool: &Db, ids: &[i64], run_leases: &[i64]) -> Result<Vec<i64>> {
