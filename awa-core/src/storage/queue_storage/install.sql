@@ -274,12 +274,16 @@ BEGIN
 
     -- The cursor: the lowest unclaimed committed seq at or above it, capped at the stable point
     -- plus one (every seq at or below the stable point is committed or gone).
-    SELECT min(e.seq) INTO next_cursor
+    -- (ORDER BY ... LIMIT 1, not min(): min() over an anti-join reads the whole range, and a
+    -- backlog makes that range long; this stops at the first unclaimed entry.)
+    SELECT e.seq INTO next_cursor
     FROM {s}.ready_entries e
     WHERE e.queue = p_queue AND e.priority = p_priority AND e.seq >= lane.cursor
       AND e.seq <= lane.stable_seq
       AND NOT EXISTS (SELECT 1 FROM {s}.claimed_entries c
-                      WHERE c.queue = p_queue AND c.priority = p_priority AND c.seq = e.seq);
+                      WHERE c.queue = p_queue AND c.priority = p_priority AND c.seq = e.seq)
+    ORDER BY e.seq
+    LIMIT 1;
     lane.cursor := greatest(lane.cursor, coalesce(next_cursor, lane.stable_seq + 1));
     -- An idle poll changes nothing: write nothing then (no dead tuple per poll).
     UPDATE {s}.lanes l SET cursor = lane.cursor, stable_seq = lane.stable_seq,
