@@ -122,8 +122,7 @@ async fn copy_jobs(conn: &mut PgConnection, jobs: &[NewJob], ids: Option<&[i64]>
                 kinds_summary(jobs)
             },
         }),
-        Err(CopyError::Db(e)) => Err(e.into()),
-        Err(CopyError::Encode(e)) => Err(e),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -132,6 +131,15 @@ async fn copy_jobs(conn: &mut PgConnection, jobs: &[NewJob], ids: Option<&[i64]>
 pub(crate) enum CopyError {
     Db(sqlx::Error),
     Encode(AwaError),
+}
+
+impl From<CopyError> for AwaError {
+    fn from(e: CopyError) -> Self {
+        match e {
+            CopyError::Db(e) => e.into(),
+            CopyError::Encode(e) => e,
+        }
+    }
 }
 
 impl From<sqlx::Error> for CopyError {

@@ -164,7 +164,6 @@ impl QueueStorage {
         executor: E,
         jobs: &[NewJob],
     ) -> Result<Vec<i64>> {
-        let column = |f: fn(&NewJob) -> Value| jobs.iter().map(f).collect::<Vec<Value>>();
         let sql = format!(
             "SELECT * FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             self.name("qs_enqueue")
@@ -172,15 +171,20 @@ impl QueueStorage {
         Ok(sqlx::query_scalar(&sql)
             .bind(jobs.iter().map(|j| j.kind.as_str()).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.queue.as_str()).collect::<Vec<_>>())
-            .bind(column(|j| j.args.clone()))
+            .bind(jobs.iter().map(|j| &j.args).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.priority).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.max_attempts).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.run_at).collect::<Vec<_>>())
-            .bind(column(|j| Value::from(j.tags.clone())))
-            .bind(column(|j| j.metadata.clone()))
+            // text[] per job cannot be a two-dimensional array of varying lengths: jsonb.
             .bind(
                 jobs.iter()
-                    .map(|j| j.unique_key.clone())
+                    .map(|j| Value::from(j.tags.clone()))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(jobs.iter().map(|j| &j.metadata).collect::<Vec<_>>())
+            .bind(
+                jobs.iter()
+                    .map(|j| j.unique_key.as_deref())
                     .collect::<Vec<_>>(),
             )
             .bind(
@@ -190,7 +194,7 @@ impl QueueStorage {
             )
             .bind(
                 jobs.iter()
-                    .map(|j| j.ordering_key.clone())
+                    .map(|j| j.ordering_key.as_deref())
                     .collect::<Vec<_>>(),
             )
             .fetch_all(executor)
@@ -264,11 +268,7 @@ impl QueueStorage {
                 Ok(())
             })
             .await;
-            written += match result {
-                Ok(n) => n,
-                Err(copy::CopyError::Db(e)) => return Err(e.into()),
-                Err(copy::CopyError::Encode(e)) => return Err(e),
-            };
+            written += result.map_err(AwaError::from)?;
             let queues: BTreeSet<&str> = due.iter().map(|j| j.queue.as_str()).collect();
             crate::storage::wake_queues(
                 &mut *tx,
