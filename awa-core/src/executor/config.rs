@@ -136,6 +136,13 @@ pub struct RuntimeConfig {
     pub batch_follow_ups: bool,
     /// Run the maintenance leader election in this client.
     pub maintenance: bool,
+    /// Queue storage only: how often the leader reclaims the oldest queue slot whose history
+    /// is older than `completed_retention` and moves the queue ring on (awa-pg's
+    /// `queue_storage_queue_rotate_interval_ms`, default 1 s).
+    pub queue_rotate_interval: Duration,
+    /// Queue storage only: how often the leader truncates empty lease slots and moves the
+    /// lease ring on (`queue_storage_lease_rotate_interval_ms`, default 50 ms).
+    pub lease_rotate_interval: Duration,
     /// How long a queue or kind descriptor may go unrefreshed before the maintenance leader
     /// deletes it (`descriptor_retention_days`); `None` keeps them (awa-pg's `0`).
     pub descriptor_retention: Option<Duration>,
@@ -164,6 +171,8 @@ impl Default for RuntimeConfig {
             finalize_reconnect_budget: crate::finalizer::DEFAULT_RECONNECT_BUDGET,
             batch_follow_ups: true,
             maintenance: true,
+            queue_rotate_interval: Duration::from_secs(1),
+            lease_rotate_interval: Duration::from_millis(50),
             // awa-pg's default: 30 days.
             descriptor_retention: Some(Duration::from_secs(30 * 24 * 3600)),
         }

@@ -29,7 +29,7 @@ use crate::finalizer::{Finalization, Transition};
 use crate::follow_ups::SealedFollowUps;
 use crate::metrics;
 use crate::model::JobRow;
-use crate::storage::claim::{claim_batch_aged, release_claimed, Release};
+use crate::storage::claim::Release;
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::{HashMap, VecDeque};
@@ -398,7 +398,7 @@ impl Dispatcher {
                 );
                 self.reserved += n;
                 self.claims.push(Box::pin(async move {
-                    let result = claim_batch_aged(&pool, &queue, n as i64, deadline, aging).await;
+                    let result = pool.engine().claim(&pool, &queue, n, deadline, aging).await;
                     ClaimDone {
                         result,
                         wanted: n,
@@ -516,7 +516,7 @@ impl Dispatcher {
         let leases: Vec<i64> = jobs.iter().map(|c| c.job.run_lease).collect();
         let result = tokio::time::timeout(
             RELEASE_TIMEOUT,
-            release_claimed(&self.shared.pool, &ids, &leases),
+            self.shared.pool.engine().release(&self.shared.pool, &ids, &leases),
         )
         .await;
         let what: HashMap<i64, Release> = match result {

@@ -26,7 +26,7 @@ use crate::metrics;
 use crate::model::NewJob;
 use crate::seams::{self, Point};
 use crate::specs::{SpecEvent, Specs};
-use crate::storage::insert::insert_follow_ups_in_tx;
+use crate::storage::engine::Engine;
 use crate::storage::pool::Db;
 use crate::storage::wake_queues;
 use sqlx::pool::PoolConnection;
@@ -39,15 +39,6 @@ const COMPLETE_BATCH: &str = "UPDATE awa.jobs j
      FROM unnest($1::bigint[], $2::bigint[]) AS t(id, lease)
      WHERE j.id = t.id AND j.run_lease = t.lease AND j.state = 'running'
      RETURNING j.id";
-
-/// [`COMPLETE_BATCH`] returning the lease too: a batch may hold a superseded attempt and the
-/// current one of the same job, and only the follow-ups of the one that matched are sent.
-const COMPLETE_BATCH_LEASES: &str = "UPDATE awa.jobs j
-     SET state = 'completed', finalized_at = now(), progress = NULL, heartbeat_at = NULL,
-         callback_id = NULL, callback_timeout_at = NULL, callback_result = NULL
-     FROM unnest($1::bigint[], $2::bigint[]) AS t(id, lease)
-     WHERE j.id = t.id AND j.run_lease = t.lease AND j.state = 'running'
-     RETURNING j.id, j.run_lease";
 
 /// Complete every `(id, run_lease)` pair that is still running under that lease; pairs that
 /// match nothing are stale and ignored. Returns the ids that completed. Retries with the
@@ -72,15 +63,9 @@ pub async fn complete_batch_with(
     let mut conn: Option<PoolConnection<Postgres>> = None;
     let mut attempt = 1;
     loop {
-        let query = sqlx::query_scalar::<_, i64>(COMPLETE_BATCH)
-            .bind(ids)
-            .bind(leases);
         let result = match seams::check_any(Point::BeforeCommit, ids) {
-            Err(e) => Err(e),
-            Ok(()) => match conn.take() {
-                Some(mut c) => query.fetch_all(&mut *c).await,
-                None => query.fetch_all(pool).await,
-            },
+            Err(e) => Err(e.into()),
+            Ok(()) => complete_plain(pool, conn.take(), ids, leases).await,
         };
         let result = result.and_then(|done| {
             seams::check_any(Point::AfterCommit, ids)?;
@@ -99,7 +84,7 @@ pub async fn complete_batch_with(
             }
             Err(e) => e,
         };
-        let failure = retry::classify_sqlx(&e);
+        let failure = retry::classify(&e);
         if failure != Failure::Permanent && attempt < MAX_FINALIZE_ATTEMPTS {
             let ready = if failure == Failure::ConnectionLost {
                 for id in ids {
@@ -120,6 +105,29 @@ pub async fn complete_batch_with(
             continue;
         }
         return Err(gave_up(ids.len(), e));
+    }
+}
+
+/// One plain batch completion statement on the pool's engine (on `conn` when a retry passes
+/// the connection that just answered a ping).
+async fn complete_plain(
+    pool: &Db,
+    conn: Option<PoolConnection<Postgres>>,
+    ids: &[i64],
+    leases: &[i64],
+) -> Result<Vec<i64>, AwaError> {
+    match (pool.engine(), conn) {
+        (Engine::Canonical, conn) => {
+            let query = sqlx::query_scalar::<_, i64>(COMPLETE_BATCH)
+                .bind(ids)
+                .bind(leases);
+            Ok(match conn {
+                Some(mut c) => query.fetch_all(&mut *c).await?,
+                None => query.fetch_all(pool).await?,
+            })
+        }
+        (Engine::QueueStorage(qs), Some(mut c)) => qs.complete_in(&mut *c, ids, leases).await,
+        (Engine::QueueStorage(qs), None) => qs.complete_in(pool, ids, leases).await,
     }
 }
 
@@ -196,7 +204,7 @@ pub(crate) async fn complete_members(
                 Some(c) => c,
                 None => pool.acquire().await?,
             };
-            try_members(&mut c, members, &ids, &leases).await
+            try_members(pool.engine(), &mut c, members, &ids, &leases).await
         }
         .await;
         let e = match tried {
@@ -239,24 +247,21 @@ pub(crate) async fn complete_members(
 /// One try: the guarded completion, the follow-ups of the rows that matched, the commit.
 /// Returns the pairs that matched and the queues to wake.
 async fn try_members(
+    engine: &Engine,
     conn: &mut PgConnection,
     members: &[Member<'_>],
     ids: &[i64],
     leases: &[i64],
 ) -> Result<(Vec<(i64, i64)>, Vec<String>), AwaError> {
     let mut tx = conn.begin().await?;
-    let done: Vec<(i64, i64)> = sqlx::query_as(COMPLETE_BATCH_LEASES)
-        .bind(ids)
-        .bind(leases)
-        .fetch_all(&mut *tx)
-        .await?;
+    let done = engine.complete_in(&mut tx, ids, leases).await?;
     let matched: HashSet<(i64, i64)> = done.iter().copied().collect();
     let live: Vec<&Member> = members
         .iter()
         .filter(|m| matched.contains(&(m.fin.job.id, m.fin.job.run_lease)))
         .collect();
     let jobs: Vec<&NewJob> = live.iter().flat_map(|m| m.follow_ups()).collect();
-    let results = insert_follow_ups_in_tx(&mut tx, &jobs).await?;
+    let results = engine.insert_follow_ups_in_tx(&mut tx, &jobs).await?;
     seams::check_any(Point::BeforeCommit, ids)?;
     tx.commit().await?;
     seams::check_any(Point::AfterCommit, ids)?;

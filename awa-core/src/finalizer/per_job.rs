@@ -7,7 +7,10 @@ use crate::metrics;
 use crate::model::NewJob;
 use crate::seams::{self, Point};
 use crate::specs::{SpecEvent, Specs};
+use crate::model::JobErrorEntry;
 use crate::storage::dlq::move_to_dlq;
+use crate::storage::engine::Engine;
+use crate::storage::queue_storage::{Finish, QueueStorage};
 use crate::storage::insert::{insert_follow_up_in_tx, FollowUpInsert, JobColumns};
 use crate::storage::pool::{Db, PoolMode};
 use crate::storage::wake_queues;
@@ -49,13 +52,23 @@ pub(crate) async fn finalize_once(
     };
     // Behind PgBouncer in transaction mode every statement needs an explicit transaction
     // (see `storage::pool::Db`), so the one-statement completion runs in one too.
-    let one_statement = fin.transition == Transition::Completed && pool.mode() == PoolMode::Session;
+    // Queue storage's completion and its follow-ups are separate statements: a transaction.
+    let one_statement = fin.transition == Transition::Completed
+        && pool.mode() == PoolMode::Session
+        && matches!(pool.engine(), Engine::Canonical);
     let done = if one_statement {
         seams::check(Point::BeforeCommit, fin.job.id)?;
         finalize_in_tx_with(&mut conn, fin, specs, Some(&mut woken)).await?
     } else {
         let mut tx = pool.begin_on(&mut conn).await?;
-        let done = finalize_in_tx_with(&mut tx, fin, specs, Some(&mut woken)).await?;
+        let done = match pool.engine() {
+            Engine::Canonical => {
+                finalize_in_tx_with(&mut tx, fin, specs, Some(&mut woken)).await?
+            }
+            Engine::QueueStorage(qs) => {
+                finalize_queue_storage(pool.engine(), qs, &mut tx, fin, specs, &mut woken).await?
+            }
+        };
         if done == Finalized::Stale {
             tx.rollback().await?;
         } else {
@@ -198,6 +211,83 @@ async fn complete_with_follow_ups(
     if let Some(woken) = defer_wake {
         push_due_queues(woken, all);
     }
+    Ok(Finalized::Applied)
+}
+
+/// The per-job transaction on queue storage: the lease delete is the guard
+/// (`qs_finalize`, `qs_park`), then the outcome's follow-ups — registered specs first, then,
+/// for `Completed` only, the staged ones in staging order — in the same transaction. The
+/// queues to wake after the commit are pushed to `woken`. Not yet on this engine: the DLQ
+/// (a failed job stays failed in its slot's history) and the progress given with the outcome.
+async fn finalize_queue_storage(
+    engine: &Engine,
+    qs: &QueueStorage,
+    conn: &mut PgConnection,
+    fin: &Finalization,
+    specs: &Specs,
+    woken: &mut Vec<String>,
+) -> Result<Finalized, AwaError> {
+    let job = &fin.job;
+    let entry = |error: &JobErrorEntry| serde_json::to_value(error).map_err(AwaError::from);
+    let finish = match &fin.transition {
+        Transition::WaitingExternal { callback_id } => {
+            let parked = qs.park(&mut *conn, job.id, job.run_lease, callback_id).await?;
+            return Ok(if parked {
+                Finalized::Applied
+            } else {
+                Finalized::Stale
+            });
+        }
+        Transition::Completed => Finish::Completed,
+        Transition::Retryable { error, run_at } => Finish::Retryable {
+            run_at: *run_at,
+            error: error.as_ref().map(entry).transpose()?,
+        },
+        Transition::Snoozed { run_at } => Finish::Snoozed { run_at: *run_at },
+        Transition::Cancelled { reason } => Finish::Cancelled {
+            error: serde_json::json!({
+                "attempt": job.attempt,
+                "at": chrono::Utc::now(),
+                "error": format!("cancelled: {reason}"),
+            }),
+        },
+        Transition::Failed { error } => Finish::Failed {
+            error: entry(error)?,
+        },
+    };
+    if !qs.finalize_in(&mut *conn, job.id, job.run_lease, &finish).await? {
+        return Ok(Finalized::Stale);
+    }
+    let spec_follow_ups = match spec_event(&fin.transition) {
+        Some(event) => specs.follow_ups(job, event)?,
+        None => Vec::new(),
+    };
+    let staged: &[crate::follow_ups::StagedFollowUp] = if fin.transition == Transition::Completed {
+        &fin.follow_ups.follow_ups
+    } else {
+        if !fin.follow_ups.is_empty() {
+            metrics::add(
+                &metrics::STAGED_DISCARDED,
+                fin.follow_ups.follow_ups.len() as u64,
+            );
+        }
+        &[]
+    };
+    let all: Vec<&NewJob> = spec_follow_ups
+        .iter()
+        .chain(staged.iter().map(|s| &s.job))
+        .collect();
+    let results = engine.insert_follow_ups_in_tx(conn, &all).await?;
+    let mut results = results.into_iter();
+    for (follow_up, result) in spec_follow_ups.iter().zip(results.by_ref()) {
+        record_insert(job.id, follow_up, result);
+    }
+    for (s, result) in staged.iter().zip(results.by_ref()) {
+        tracing::debug_span!(parent: &s.span, "awa.enqueue_follow_up",
+            trigger_job_id = job.id, kind = %s.job.kind)
+        .in_scope(|| record_insert(job.id, &s.job, result));
+    }
+    push_due_queues(woken, all.into_iter());
     Ok(Finalized::Applied)
 }
 

@@ -20,8 +20,10 @@ use crate::executor::config::RuntimeConfig;
 use crate::executor::context::CancelSignal;
 use crate::executor::registry::Instance;
 use crate::specs::Specs;
+use crate::storage::engine::Engine;
 use crate::storage::pool::Db;
 use crate::storage::pool::{ConnectTarget, PoolMode};
+use crate::storage::queue_storage::QueueStorage;
 use rescue::RescueKind;
 use sqlx::{Connection, Executor, PgConnection};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -99,6 +101,53 @@ async fn try_lead(pool: &Db, url: Option<&str>) -> crate::error::Result<Option<L
     }
 }
 
+/// The leader's duties on queue storage, each when its interval is due (`last` holds when
+/// each last ran: 0 promotion, 1–3 rescue, 5 the queue ring, 6 the lease ring). One rescue
+/// statement covers stale heartbeats, passed deadlines and callback timeouts.
+async fn queue_storage_duties(
+    pool: &Db,
+    qs: &QueueStorage,
+    config: &RuntimeConfig,
+    now: Instant,
+    last: &mut [Instant; 7],
+) {
+    let mut due = |i: usize, every: Duration| {
+        let yes = now.duration_since(last[i]) >= every;
+        if yes {
+            last[i] = now;
+        }
+        yes
+    };
+    if due(0, config.promote_interval) {
+        if let Err(e) = qs.promote(pool).await {
+            tracing::warn!(error = %e, "promotion failed");
+        }
+    }
+    let rescue_every = config
+        .heartbeat_rescue_interval
+        .min(config.deadline_rescue_interval)
+        .min(config.callback_rescue_interval);
+    if due(1, rescue_every) {
+        match qs.rescue(pool, config.heartbeat_staleness).await {
+            Ok(ids) if !ids.is_empty() => {
+                crate::metrics::add(&crate::metrics::JOBS_RESCUED, ids.len() as u64);
+                tracing::warn!(count = ids.len(), "rescued stuck jobs");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "rescue failed"),
+        }
+    }
+    if due(5, config.queue_rotate_interval) {
+        if let Err(e) = qs.rotate(pool, config.completed_retention).await {
+            tracing::warn!(error = %e, "queue ring rotation failed");
+        }
+    } else if due(6, config.lease_rotate_interval) {
+        if let Err(e) = qs.rotate_leases(pool).await {
+            tracing::warn!(error = %e, "lease ring rotation failed");
+        }
+    }
+}
+
 async fn lead(
     pool: &Db,
     lease: Lease,
@@ -107,6 +156,14 @@ async fn lead(
     stop: &CancelSignal,
     instance: &Instance,
 ) {
+    let queue_storage = match pool.engine() {
+        Engine::QueueStorage(qs) => Some(qs.clone()),
+        Engine::Canonical => None,
+    };
+    let rotations = match &queue_storage {
+        Some(_) => vec![config.queue_rotate_interval, config.lease_rotate_interval],
+        None => Vec::new(),
+    };
     let tick = [
         config.promote_interval,
         config.heartbeat_rescue_interval,
@@ -114,17 +171,21 @@ async fn lead(
         config.callback_rescue_interval,
     ]
     .into_iter()
+    .chain(rotations)
     .min()
     .unwrap_or(Duration::from_millis(250))
     .max(Duration::from_millis(20));
-    let mut last = [Instant::now() - Duration::from_secs(3600); 5];
+    let mut last = [Instant::now() - Duration::from_secs(3600); 7];
     let mut cron = crate::cron::evaluate::Ticker::new();
     let Lease { mut conn, mode } = lease;
     loop {
         let now = Instant::now();
         let due =
-            |i: usize, every: Duration, last: &[Instant; 5]| now.duration_since(last[i]) >= every;
-        if due(0, config.promote_interval, &last) {
+            |i: usize, every: Duration, last: &[Instant; 7]| now.duration_since(last[i]) >= every;
+        if let Some(qs) = &queue_storage {
+            queue_storage_duties(pool, qs, config, now, &mut last).await;
+        }
+        if queue_storage.is_none() && due(0, config.promote_interval, &last) {
             last[0] = now;
             if let Err(e) = rescue::promote_due(pool).await {
                 tracing::warn!(error = %e, "promotion failed");
@@ -148,7 +209,7 @@ async fn lead(
             ),
         ];
         for (i, every, kind) in duties {
-            if due(i, every, &last) {
+            if queue_storage.is_none() && due(i, every, &last) {
                 last[i] = now;
                 if let Err(e) =
                     rescue::rescue_stale_with_specs(pool, kind, config.heartbeat_staleness, specs)
@@ -160,6 +221,7 @@ async fn lead(
         }
         if due(4, config.prune_interval, &last) {
             last[4] = now;
+            // Canonical's finished rows (queue storage's history goes with its slots).
             match prune::prune_terminal(
                 pool,
                 config.completed_retention,

@@ -8,6 +8,7 @@ pub mod claim;
 pub mod copy;
 pub mod descriptors;
 pub mod dlq;
+pub mod engine;
 pub mod foreign;
 pub mod insert;
 pub mod key_rewrite;

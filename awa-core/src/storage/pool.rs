@@ -20,6 +20,7 @@
 //! Awa path already retries or reports.
 
 use crate::error::{AwaError, ConnectFailure, Result};
+use crate::storage::engine::Engine;
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 use futures_util::{StreamExt, TryStreamExt};
@@ -313,6 +314,8 @@ fn describe_cause(e: &sqlx::Error) -> String {
 pub struct Db {
     pool: PgPool,
     target: Arc<ConnectTarget>,
+    /// The storage engine the runtime's statements go to (see [`crate::storage::engine`]).
+    engine: Engine,
 }
 
 impl From<PgPool> for Db {
@@ -332,7 +335,22 @@ impl Db {
         Db {
             pool,
             target: Arc::new(target),
+            engine: Engine::Canonical,
         }
+    }
+
+    /// This pool with the runtime's statements going to `engine` (claims, heartbeats,
+    /// finalizations, follow-ups, rescue, promotion, rotation). The pool is shared.
+    pub fn with_engine(&self, engine: Engine) -> Db {
+        Db {
+            engine,
+            ..self.clone()
+        }
+    }
+
+    /// The storage engine this handle's runtime statements go to.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
     }
 
     /// A pool built by the caller, used in `mode` (the caller's options should then have the

@@ -322,14 +322,65 @@ BEGIN
     END LOOP;
 END $$;
 
--- Heartbeat open attempts; returns the ids whose lease is still open.
-CREATE FUNCTION {s}.qs_heartbeat(p_ids bigint[], p_leases bigint[])
-RETURNS SETOF bigint LANGUAGE sql AS $$
-    UPDATE {s}.leases l SET heartbeat_at = now()
-    FROM unnest(p_ids, p_leases) AS t(id, run_lease)
-    WHERE l.id = t.id AND l.run_lease = t.run_lease
-    RETURNING l.id
+-- Heartbeat open attempts, storing the progress given for each (NULL keeps what is stored);
+-- returns the ids whose lease is still open and whether a cancel was requested for each. A
+-- lease a finalization holds locked is skipped, not waited for (as on canonical: one slow
+-- completion must not delay every other attempt's heartbeat into rescue).
+CREATE FUNCTION {s}.qs_heartbeat(p_ids bigint[], p_leases bigint[], p_progress jsonb[] DEFAULT NULL)
+RETURNS TABLE (id bigint, cancel boolean) LANGUAGE sql AS $$
+    WITH live AS (
+        SELECT x.id, x.run_lease, t.progress
+        FROM unnest(p_ids, p_leases, coalesce(p_progress, array_fill(NULL::jsonb,
+                    ARRAY[cardinality(p_ids)]))) AS t(id, run_lease, progress)
+        JOIN {s}.leases x ON x.id = t.id AND x.run_lease = t.run_lease
+        FOR UPDATE OF x SKIP LOCKED
+    )
+    UPDATE {s}.leases l SET heartbeat_at = now(), progress = coalesce(live.progress, l.progress)
+    FROM live WHERE l.id = live.id AND l.run_lease = live.run_lease
+    RETURNING l.id, l.cancel_requested_at IS NOT NULL
 $$;
+
+-- Give claimed attempts that never started back: each lease still open and without a cancel
+-- request is deleted and its job appended again to the current slot (same id and run lease,
+-- the claim's attempt undone, a new seq: it goes to the back of its lane). Returns each pair
+-- still open with what happened: 0 released, 1 a cancel was requested (left running for the
+-- caller to finalize as cancelled).
+CREATE FUNCTION {s}.qs_release(p_ids bigint[], p_leases bigint[])
+RETURNS TABLE (id bigint, what smallint) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    cur record;
+BEGIN
+    LOCK TABLE ONLY {s}.leases IN ROW EXCLUSIVE MODE;
+    SELECT * INTO cur FROM {s}.qs_current_slot();
+    RETURN QUERY
+    WITH mine AS (
+        SELECT x.id, x.run_lease, x.cancel_requested_at IS NOT NULL AS cancel
+        FROM unnest(p_ids, p_leases) AS t(id, run_lease)
+        JOIN {s}.leases x ON x.id = t.id AND x.run_lease = t.run_lease
+        FOR UPDATE OF x
+    ), gone AS (
+        DELETE FROM {s}.leases l USING mine m
+        WHERE l.id = m.id AND l.run_lease = m.run_lease AND NOT m.cancel
+        RETURNING l.*
+    ), again AS (
+        INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
+            attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
+            unique_key, unique_states, ordering_key)
+        SELECT cur.slot, cur.generation, e.queue, e.priority, nextval('{s}.qs_seq'), e.id, e.kind,
+               e.args, greatest(g.attempt - 1, 0), e.max_attempts, g.run_lease, e.run_at,
+               e.created_at, e.metadata, e.tags, e.errors, e.unique_key, e.unique_states,
+               e.ordering_key
+        FROM gone g JOIN {s}.ready_entries e
+          ON e.slot = g.slot AND e.queue = g.queue AND e.priority = g.priority AND e.seq = g.seq
+        ORDER BY g.id
+        RETURNING queue
+    ), woken AS (
+        SELECT pg_notify(awa.queue_channel(q.queue), '') FROM (SELECT DISTINCT queue FROM again) q
+    )
+    SELECT m.id, (CASE WHEN m.cancel THEN 1 ELSE 0 END)::smallint FROM mine m
+    WHERE (SELECT count(*) FROM woken) >= 0;
+END $$;
 
 -- Finalize one attempt on the per-job path, the outcomes canonical's finalizer writes:
 -- 'completed' (a receipt), 'failed' and 'cancelled' (a done entry, with p_error appended to the
@@ -495,19 +546,19 @@ BEGIN
 END $$;
 
 -- Complete a batch: the lease delete is the guard; one receipt per queue slot for exactly the
--- leases deleted. Returns the ids completed.
+-- leases deleted. Returns the (id, run_lease) pairs completed.
 CREATE FUNCTION {s}.qs_complete(p_ids bigint[], p_leases bigint[])
-RETURNS SETOF bigint LANGUAGE sql AS $$
+RETURNS TABLE (id bigint, run_lease bigint) LANGUAGE sql AS $$
     WITH done AS (
         DELETE FROM {s}.leases l
         USING unnest(p_ids, p_leases) AS t(id, run_lease)
         WHERE l.id = t.id AND l.run_lease = t.run_lease
-        RETURNING l.id, l.slot, l.generation, l.seq
+        RETURNING l.id, l.run_lease, l.slot, l.generation, l.seq
     ), receipt AS (
         INSERT INTO {s}.receipts (slot, generation, seqs, finalized_at)
         SELECT d.slot, d.generation, array_agg(d.seq), now() FROM done d GROUP BY d.slot, d.generation
     )
-    SELECT d.id FROM done d
+    SELECT d.id, d.run_lease FROM done d
 $$;
 
 -- Rescue: running attempts whose heartbeat is older than p_stale or whose deadline has passed,

@@ -164,6 +164,17 @@ impl QueueStorage {
         executor: E,
         jobs: &[NewJob],
     ) -> Result<Vec<i64>> {
+        let refs: Vec<&NewJob> = jobs.iter().collect();
+        self.enqueue_refs(executor, &refs).await
+    }
+
+    /// [`QueueStorage::enqueue`] of borrowed jobs (follow-ups are borrowed from their
+    /// sealed buffers, which a retry of the completion needs again).
+    pub async fn enqueue_refs<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        executor: E,
+        jobs: &[&NewJob],
+    ) -> Result<Vec<i64>> {
         let sql = format!(
             "SELECT * FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             self.name("qs_enqueue")
@@ -219,8 +230,7 @@ impl QueueStorage {
             .partition(|j| j.run_at.is_none_or(|at| at <= now));
         let mut written = 0u64;
         if !later.is_empty() {
-            let later: Vec<NewJob> = later.into_iter().cloned().collect();
-            written += self.enqueue(&mut *tx, &later).await?.len() as u64;
+            written += self.enqueue_refs(&mut *tx, &later).await?.len() as u64;
         }
         if !due.is_empty() {
             let (slot, generation): (i32, i64) = sqlx::query_as(&format!(
@@ -329,18 +339,57 @@ impl QueueStorage {
 
     /// Heartbeat attempts `(ids[i], run_leases[i])`; returns the ids still open.
     pub async fn heartbeat(&self, pool: &Db, ids: &[i64], run_leases: &[i64]) -> Result<Vec<i64>> {
-        let sql = format!("SELECT * FROM {}($1, $2)", self.name("qs_heartbeat"));
-        Ok(sqlx::query_scalar(&sql)
+        let beats = self.heartbeat_with(pool, ids, run_leases, None).await?;
+        Ok(beats.into_iter().map(|(id, _)| id).collect())
+    }
+
+    /// [`QueueStorage::heartbeat`] storing each attempt's buffered progress (`None` keeps what
+    /// is stored); returns each open attempt with whether a cancel was requested for it.
+    pub async fn heartbeat_with(
+        &self,
+        pool: &Db,
+        ids: &[i64],
+        run_leases: &[i64],
+        progress: Option<&[Option<Value>]>,
+    ) -> Result<Vec<(i64, bool)>> {
+        let sql = format!("SELECT * FROM {}($1, $2, $3)", self.name("qs_heartbeat"));
+        Ok(sqlx::query_as(&sql)
             .bind(ids)
             .bind(run_leases)
-            .fetch_all(pool.pool())
+            .bind(progress)
+            .fetch_all(pool)
             .await?)
+    }
+
+    /// Give claimed attempts that never started back (see `qs_release`): each pair still open
+    /// with `true` when it was released, `false` when a cancel was requested for it (it stays
+    /// running, to be finalized as cancelled).
+    pub async fn release(&self, pool: &Db, ids: &[i64], run_leases: &[i64]) -> Result<Vec<(i64, bool)>> {
+        let sql = format!("SELECT id, what FROM {}($1, $2)", self.name("qs_release"));
+        let rows: Vec<(i64, i16)> = sqlx::query_as(&sql)
+            .bind(ids)
+            .bind(run_leases)
+            .fetch_all(pool)
+            .await?;
+        Ok(rows.into_iter().map(|(id, what)| (id, what == 0)).collect())
     }
 
     /// Finalize one attempt on the per-job path; false (nothing written) when its lease is gone.
     pub async fn finalize(
         &self,
         pool: &Db,
+        id: i64,
+        run_lease: i64,
+        finish: &Finish,
+    ) -> Result<bool> {
+        self.finalize_in(pool.pool(), id, run_lease, finish).await
+    }
+
+    /// [`QueueStorage::finalize`] through any executor (the runtime's per-job transaction,
+    /// which inserts the outcome's follow-ups with it).
+    pub async fn finalize_in<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        executor: E,
         id: i64,
         run_lease: i64,
         finish: &Finish,
@@ -353,7 +402,7 @@ impl QueueStorage {
             .bind(outcome)
             .bind(run_at)
             .bind(error)
-            .fetch_one(pool.pool())
+            .fetch_one(executor)
             .await?)
     }
 
@@ -397,9 +446,9 @@ impl QueueStorage {
 
     /// Park an attempt on its callback (`waiting_external`); false when the lease is gone or
     /// the callback is not this attempt's.
-    pub async fn park(
+    pub async fn park<'e, E: sqlx::PgExecutor<'e>>(
         &self,
-        pool: &Db,
+        executor: E,
         id: i64,
         run_lease: i64,
         callback_id: &str,
@@ -409,7 +458,7 @@ impl QueueStorage {
             .bind(id)
             .bind(run_lease)
             .bind(callback_id)
-            .fetch_one(pool.pool())
+            .fetch_one(executor)
             .await?)
     }
 
@@ -439,8 +488,20 @@ impl QueueStorage {
         ids: &[i64],
         run_leases: &[i64],
     ) -> Result<Vec<i64>> {
-        let sql = format!("SELECT * FROM {}($1, $2)", self.name("qs_complete"));
-        Ok(sqlx::query_scalar(&sql)
+        let done = self.complete_leases_in(executor, ids, run_leases).await?;
+        Ok(done.into_iter().map(|(id, _)| id).collect())
+    }
+
+    /// [`QueueStorage::complete_in`] returning the `(id, run_lease)` pairs completed: a batch
+    /// may hold a superseded attempt and the current one of the same job.
+    pub async fn complete_leases_in<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        executor: E,
+        ids: &[i64],
+        run_leases: &[i64],
+    ) -> Result<Vec<(i64, i64)>> {
+        let sql = format!("SELECT id, run_lease FROM {}($1, $2)", self.name("qs_complete"));
+        Ok(sqlx::query_as(&sql)
             .bind(ids)
             .bind(run_leases)
             .fetch_all(executor)

@@ -1,0 +1,410 @@
+//! One suite, both storage engines (issue 18, item 2): each scenario runs the real runtime
+//! (`Client`: dispatcher, heartbeats, both completion paths, the maintenance leader) against
+//! canonical storage and against queue storage, through the same public Rust API, and checks
+//! the same observable outcomes. The engine is chosen by the pool handle
+//! (`Db::with_engine`); jobs are inserted and read through the engine under test.
+//!
+//! `AWA_ENGINE=canonical|queue_storage` restricts a run to one engine (both by default), so
+//! `.ci/run` can run the legs separately once the whole suite runs on both.
+
+mod common;
+mod support;
+
+use awa_core::storage::engine::Engine;
+use awa_core::storage::queue_storage::QueueStorage;
+use awa_core::{
+    get_job, insert_jobs, Client, EnqueueRequest, JobArgs, JobError, JobResult, JobRow,
+    JobState, NewJob, QueueConfig, RuntimeConfig,
+};
+use common::TestDb;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::{eventually, fast_config, wait_idle};
+
+const T: Duration = Duration::from_secs(30);
+
+/// The engines this run covers.
+fn engines() -> Vec<&'static str> {
+    match std::env::var("AWA_ENGINE").as_deref() {
+        Ok("canonical") => vec!["canonical"],
+        Ok("queue_storage") => vec!["queue_storage"],
+        _ => vec!["canonical", "queue_storage"],
+    }
+}
+
+/// A migrated database and a pool handle on `engine` (queue storage installed in `awa`, the
+/// schema awa-pg installs it in, next to canonical's tables).
+async fn setup(engine: &str) -> (TestDb, awa_core::Db) {
+    let db = TestDb::new().await;
+    let pool = match engine {
+        "canonical" => db.pool.clone(),
+        _ => {
+            let qs = QueueStorage::new("awa", 16, 8).expect("queue storage config");
+            qs.install(&db.pool).await.expect("install queue storage");
+            db.pool.with_engine(Engine::QueueStorage(Arc::new(qs)))
+        }
+    };
+    (db, pool)
+}
+
+async fn enqueue(pool: &awa_core::Db, jobs: &[NewJob]) -> Vec<i64> {
+    match pool.engine() {
+        Engine::Canonical => insert_jobs(pool, jobs)
+            .await
+            .expect("insert")
+            .into_iter()
+            .map(|j| j.id)
+            .collect(),
+        Engine::QueueStorage(qs) => qs.enqueue(pool, jobs).await.expect("enqueue"),
+    }
+}
+
+fn job<A: JobArgs>(args: A, configure: impl FnOnce(EnqueueRequest<A>) -> EnqueueRequest<A>) -> NewJob {
+    awa_core::storage::insert::prepare(&configure(EnqueueRequest::new(args))).expect("valid job")
+}
+
+/// Every job the engine holds, by id.
+async fn all_jobs(pool: &awa_core::Db) -> HashMap<i64, JobRow> {
+    let rows = match pool.engine() {
+        Engine::Canonical => {
+            let filter = awa_core::JobFilter {
+                limit: Some(100_000),
+                ..Default::default()
+            };
+            awa_core::list_jobs(pool, &filter).await.expect("list")
+        }
+        Engine::QueueStorage(qs) => qs.jobs(pool).await.expect("jobs"),
+    };
+    rows.into_iter().map(|j| (j.id, j)).collect()
+}
+
+async fn one_job(pool: &awa_core::Db, id: i64) -> JobRow {
+    match pool.engine() {
+        Engine::Canonical => get_job(pool, id).await.expect("get"),
+        Engine::QueueStorage(_) => all_jobs(pool)
+            .await
+            .remove(&id)
+            .unwrap_or_else(|| panic!("job {id} not found")),
+    }
+}
+
+async fn wait_state(pool: &awa_core::Db, id: i64, state: JobState) -> JobRow {
+    eventually(&format!("job {id} {state:?}"), T, || async {
+        let j = one_job(pool, id).await;
+        (j.state == state).then_some(j)
+    })
+    .await
+}
+
+/// Wait until every job of `kind` is in `state` and there are `n` of them.
+async fn wait_all(pool: &awa_core::Db, kind: &str, n: usize, state: JobState) -> Vec<JobRow> {
+    eventually(&format!("{n} {kind} jobs {state:?}"), T, || async {
+        let jobs: Vec<JobRow> = all_jobs(pool)
+            .await
+            .into_values()
+            .filter(|j| j.kind == kind)
+            .collect();
+        (jobs.len() == n && jobs.iter().all(|j| j.state == state)).then_some(jobs)
+    })
+    .await
+}
+
+/// Run `scenario` once per engine of this run.
+macro_rules! both_engines {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test]
+                async fn canonical() {
+                    if super::engines().contains(&"canonical") {
+                        super::$name("canonical").await;
+                    }
+                }
+                #[tokio::test]
+                async fn queue_storage() {
+                    if super::engines().contains(&"queue_storage") {
+                        super::$name("queue_storage").await;
+                    }
+                }
+            }
+        )*
+    };
+}
+
+both_engines!(
+    drains_every_job_exactly_once,
+    staged_follow_ups_commit_with_the_completion_on_the_batched_path,
+    staged_follow_ups_commit_with_the_completion_on_the_per_job_path,
+    every_outcome_ends_where_it_should,
+    a_rescued_attempt_runs_again_and_its_late_completion_is_stale,
+    a_cancel_request_reaches_the_running_handler,
+);
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Work {
+    n: i64,
+}
+impl JobArgs for Work {}
+
+async fn drains_every_job_exactly_once(engine: &str) {
+    let (_db, pool) = setup(engine).await;
+    let runs: Arc<Mutex<HashMap<i64, u32>>> = Arc::default();
+    let r = runs.clone();
+    let client = Client::builder(pool.clone())
+        .queue("default", QueueConfig::new(8))
+        .config(RuntimeConfig {
+            heartbeat_staleness: Duration::from_secs(60),
+            ..fast_config()
+        })
+        .register::<Work, _, _>(move |_args, ctx| {
+            let r = r.clone();
+            let id = ctx.job().id;
+            async move {
+                *r.lock().expect("lock").entry(id).or_default() += 1;
+                Ok(JobResult::Completed)
+            }
+        })
+        .build()
+        .expect("build");
+    let jobs: Vec<NewJob> = (0..300)
+        .map(|n| job(Work { n }, |r| r.priority((n % 4 + 1) as i16)))
+        .collect();
+    let ids = enqueue(&pool, &jobs).await;
+    client.start().await.expect("start");
+    let done = wait_all(&pool, "work", 300, JobState::Completed).await;
+    client.shutdown(T).await;
+    let runs = runs.lock().expect("lock");
+    for id in &ids {
+        assert_eq!(runs.get(id), Some(&1), "job {id} ran {:?} times", runs.get(id));
+    }
+    assert!(done.iter().all(|j| j.attempt == 1 && j.errors.is_empty()));
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Parent {
+    n: i64,
+}
+impl JobArgs for Parent {}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+struct Child {
+    parent: i64,
+    part: i64,
+}
+impl JobArgs for Child {}
+
+/// Parents stage two children each, computed at run time; every child is inserted once, with
+/// its parent's completion, and runs.
+async fn staged_follow_ups(engine: &str, batch_follow_ups: bool) {
+    let (_db, pool) = setup(engine).await;
+    let client = Client::builder(pool.clone())
+        .queue("default", QueueConfig::new(4))
+        .config(RuntimeConfig {
+            batch_follow_ups,
+            heartbeat_staleness: Duration::from_secs(60),
+            ..fast_config()
+        })
+        .register::<Parent, _, _>(|args, ctx| {
+            let follow_ups = ctx.follow_ups();
+            async move {
+                for part in 0..2 {
+                    follow_ups
+                        .enqueue_on_completion(Child {
+                            parent: args.n,
+                            part: args.n * 10 + part,
+                        })
+                        .map_err(JobError::terminal)?;
+                }
+                Ok(JobResult::Completed)
+            }
+        })
+        .register::<Child, _, _>(|_args, _ctx| async move { Ok(JobResult::Completed) })
+        .build()
+        .expect("build");
+    let parents: Vec<NewJob> = (0..20).map(|n| job(Parent { n }, |r| r)).collect();
+    enqueue(&pool, &parents).await;
+    client.start().await.expect("start");
+    wait_all(&pool, "parent", 20, JobState::Completed).await;
+    let children = wait_all(&pool, "child", 40, JobState::Completed).await;
+    client.shutdown(T).await;
+    let mut seen: Vec<Child> = children
+        .iter()
+        .map(|j| serde_json::from_value(j.args.clone()).expect("child args"))
+        .collect();
+    seen.sort();
+    let mut want: Vec<Child> = (0..20)
+        .flat_map(|n| (0..2).map(move |p| Child { parent: n, part: n * 10 + p }))
+        .collect();
+    want.sort();
+    assert_eq!(seen, want, "each child exactly once");
+}
+
+async fn staged_follow_ups_commit_with_the_completion_on_the_batched_path(engine: &str) {
+    staged_follow_ups(engine, true).await;
+}
+
+async fn staged_follow_ups_commit_with_the_completion_on_the_per_job_path(engine: &str) {
+    staged_follow_ups(engine, false).await;
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Mode {
+    mode: String,
+}
+impl JobArgs for Mode {}
+
+fn mode(m: &str) -> Mode {
+    Mode { mode: m.into() }
+}
+
+/// A retry after a delay, a snooze, a terminal error, a cancel and an exhausted retryable
+/// error each end as on canonical: same state, attempt and error history.
+async fn every_outcome_ends_where_it_should(engine: &str) {
+    let (_db, pool) = setup(engine).await;
+    let client = Client::builder(pool.clone())
+        .queue("default", QueueConfig::new(4))
+        .config(fast_config())
+        .register::<Mode, _, _>(|args, ctx| {
+            let attempt = ctx.job().attempt;
+            // Due at its creation the first time; after the snooze, 50 ms later.
+            let first_run = ctx.job().run_at <= ctx.job().created_at;
+            async move {
+                match (args.mode.as_str(), attempt) {
+                    ("retry_after", 1) => Ok(JobResult::RetryAfter(Duration::from_millis(50))),
+                    ("snooze", _) if first_run => Ok(JobResult::Snooze(Duration::from_millis(50))),
+                    ("terminal", _) => Err(JobError::terminal("bad input")),
+                    ("cancel", _) => Ok(JobResult::Cancel("not needed".into())),
+                    ("exhaust", _) => Err(JobError::retryable("flaky")),
+                    _ => Ok(JobResult::Completed),
+                }
+            }
+        })
+        .build()
+        .expect("build");
+    let jobs = vec![
+        job(mode("retry_after"), |r| r),
+        job(mode("snooze"), |r| r),
+        job(mode("terminal"), |r| r),
+        job(mode("cancel"), |r| r),
+        job(mode("exhaust"), |r| r.max_attempts(1)),
+    ];
+    let ids = enqueue(&pool, &jobs).await;
+    client.start().await.expect("start");
+    let retried = wait_state(&pool, ids[0], JobState::Completed).await;
+    assert_eq!(retried.attempt, 2, "a retry burns the attempt");
+    assert!(retried.errors.is_empty(), "RetryAfter records no error");
+    let snoozed = wait_state(&pool, ids[1], JobState::Completed).await;
+    assert_eq!(snoozed.attempt, 1, "a snooze does not burn the attempt");
+    let terminal = wait_state(&pool, ids[2], JobState::Failed).await;
+    assert_eq!(terminal.errors.len(), 1);
+    assert_eq!(terminal.errors[0].error, "bad input");
+    let cancelled = wait_state(&pool, ids[3], JobState::Cancelled).await;
+    assert!(
+        cancelled.errors.last().is_some_and(|e| e.error.contains("not needed")),
+        "{:?}",
+        cancelled.errors
+    );
+    let exhausted = wait_state(&pool, ids[4], JobState::Failed).await;
+    assert_eq!(exhausted.attempt, 1);
+    assert_eq!(exhausted.errors.len(), 1);
+    assert_eq!(exhausted.errors[0].error, "flaky (attempts exhausted)");
+    client.shutdown(T).await;
+}
+
+/// An attempt that outlives its deadline is rescued and runs again; the first attempt's
+/// completion, if it arrives, finds no lease and writes nothing.
+async fn a_rescued_attempt_runs_again_and_its_late_completion_is_stale(engine: &str) {
+    let (_db, pool) = setup(engine).await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let second_ran = Arc::new(tokio::sync::Notify::new());
+    let (rel, second) = (release.clone(), second_ran.clone());
+    let client = Client::builder(pool.clone())
+        .queue(
+            "default",
+            QueueConfig::new(2).deadline(Duration::from_millis(300)),
+        )
+        .config(fast_config())
+        .register::<Work, _, _>(move |_args, ctx| {
+            let (rel, second) = (rel.clone(), second.clone());
+            let attempt = ctx.job().attempt;
+            async move {
+                if attempt == 1 {
+                    // Ignores its deadline until the second attempt has completed.
+                    rel.notified().await;
+                } else {
+                    second.notify_one();
+                }
+                Ok(JobResult::Completed)
+            }
+        })
+        .build()
+        .expect("build");
+    let ids = enqueue(&pool, &[job(Work { n: 1 }, |r| r)]).await;
+    client.start().await.expect("start");
+    second_ran.notified().await;
+    let done = wait_state(&pool, ids[0], JobState::Completed).await;
+    assert_eq!(done.attempt, 2);
+    assert!(
+        done.errors.iter().any(|e| e.error.contains("deadline")),
+        "{:?}",
+        done.errors
+    );
+    // The first attempt returns now; whatever the runtime does with its completion is
+    // over once nothing is in flight.
+    release.notify_one();
+    wait_idle(&client, T).await;
+    let after = one_job(&pool, ids[0]).await;
+    assert_eq!(after.state, JobState::Completed);
+    assert_eq!(after.attempt, 2, "the stale attempt wrote nothing");
+    client.shutdown(T).await;
+}
+
+/// A cancel requested while the handler runs reaches it (through `awa:cancel` or the
+/// heartbeat), and the job ends cancelled.
+async fn a_cancel_request_reaches_the_running_handler(engine: &str) {
+    let (db, pool) = setup(engine).await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let s = started.clone();
+    let client = Client::builder(pool.clone())
+        .queue("default", QueueConfig::new(1))
+        .config(RuntimeConfig {
+            heartbeat_staleness: Duration::from_secs(60),
+            ..fast_config()
+        })
+        .register::<Work, _, _>(move |_args, ctx| {
+            let s = s.clone();
+            let signal = ctx.cancel_signal();
+            async move {
+                s.notify_one();
+                signal.cancelled().await;
+                Ok(JobResult::Cancel("asked to stop".into()))
+            }
+        })
+        .build()
+        .expect("build");
+    let ids = enqueue(&pool, &[job(Work { n: 1 }, |r| r)]).await;
+    client.start().await.expect("start");
+    started.notified().await;
+    match pool.engine() {
+        Engine::Canonical => {
+            awa_core::storage::admin::cancel(&db.pool, ids[0])
+                .await
+                .expect("cancel");
+        }
+        Engine::QueueStorage(qs) => {
+            assert_eq!(
+                qs.cancel(&pool, ids[0]).await.expect("cancel").as_deref(),
+                Some("running")
+            );
+        }
+    }
+    let done = wait_state(&pool, ids[0], JobState::Cancelled).await;
+    assert!(
+        done.errors.iter().any(|e| e.error.contains("asked to stop")),
+        "{:?}",
+        done.errors
+    );
+    client.shutdown(T).await;
+}
