@@ -140,6 +140,7 @@ both_engines!(
     every_outcome_ends_where_it_should,
     a_rescued_attempt_runs_again_and_its_late_completion_is_stale,
     a_cancel_request_reaches_the_running_handler,
+    shutdown_gives_back_the_jobs_claimed_ahead,
 );
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -407,4 +408,78 @@ async fn a_cancel_request_reaches_the_running_handler(engine: &str) {
         done.errors
     );
     client.shutdown(T).await;
+}
+
+/// Jobs claimed ahead that never started go back to the queue when the client stops (the
+/// claim's attempt undone), and the next client runs each of them once.
+async fn shutdown_gives_back_the_jobs_claimed_ahead(engine: &str) {
+    let (_db, pool) = setup(engine).await;
+    // Seams are per process and keyed by queue: one queue per engine.
+    let queue = format!("ahead_{engine}");
+    awa_core::seams::force_claim_ahead(&queue, Duration::from_secs(60));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let runs: Arc<Mutex<HashMap<i64, u32>>> = Arc::default();
+    let build = |gate: Arc<tokio::sync::Semaphore>| {
+        let runs = runs.clone();
+        Client::builder(pool.clone())
+            .queue(queue.clone(), QueueConfig::new(2))
+            .config(RuntimeConfig {
+                heartbeat_staleness: Duration::from_secs(60),
+                claim_batch: 2,
+                ..fast_config()
+            })
+            .register::<Work, _, _>(move |_args, ctx| {
+                let (gate, runs) = (gate.clone(), runs.clone());
+                let id = ctx.job().id;
+                async move {
+                    *runs.lock().expect("lock").entry(id).or_default() += 1;
+                    gate.acquire().await.map_err(JobError::terminal)?.forget();
+                    Ok(JobResult::Completed)
+                }
+            })
+            .build()
+            .expect("build")
+    };
+    let client = build(gate.clone());
+    let jobs: Vec<NewJob> = (0..6)
+        .map(|n| job(Work { n }, |r| r.queue(queue.clone())))
+        .collect();
+    let ids = enqueue(&pool, &jobs).await;
+    client.start().await.expect("start");
+    // Two handlers hold both slots; two more jobs are claimed and wait for a slot.
+    let buffered: Vec<i64> = eventually("two running and two claimed ahead", T, || async {
+        let running: Vec<i64> = all_jobs(&pool)
+            .await
+            .into_values()
+            .filter(|j| j.state == JobState::Running)
+            .map(|j| j.id)
+            .collect();
+        let entered: Vec<i64> = runs.lock().expect("lock").keys().copied().collect();
+        (entered.len() == 2 && running.len() == 4).then(|| {
+            running
+                .into_iter()
+                .filter(|id| !entered.contains(id))
+                .collect()
+        })
+    })
+    .await;
+    let stopping = {
+        let client = client.clone();
+        tokio::spawn(async move { client.shutdown(T).await })
+    };
+    // The buffer is given back as the dispatcher stops, while the handlers still run.
+    for id in &buffered {
+        let back = wait_state(&pool, *id, JobState::Available).await;
+        assert_eq!(back.attempt, 0, "the claim's attempt is undone");
+    }
+    gate.add_permits(2);
+    stopping.await.expect("shutdown");
+    let next = build(Arc::new(tokio::sync::Semaphore::new(100)));
+    next.start().await.expect("start again");
+    wait_all(&pool, "work", 6, JobState::Completed).await;
+    next.shutdown(T).await;
+    let runs = runs.lock().expect("lock");
+    for id in &ids {
+        assert_eq!(runs.get(id), Some(&1), "job {id} ran {:?} times", runs.get(id));
+    }
 }
