@@ -13,8 +13,8 @@ mod support;
 use awa_core::storage::engine::Engine;
 use awa_core::storage::queue_storage::QueueStorage;
 use awa_core::{
-    get_job, insert_jobs, Client, EnqueueRequest, JobArgs, JobError, JobResult, JobRow,
-    JobState, NewJob, QueueConfig, RuntimeConfig,
+    get_job, insert_jobs, Client, EnqueueRequest, JobArgs, JobError, JobResult, JobRow, JobState,
+    NewJob, QueueConfig, RuntimeConfig,
 };
 use common::TestDb;
 use serde::{Deserialize, Serialize};
@@ -61,7 +61,10 @@ async fn enqueue(pool: &awa_core::Db, jobs: &[NewJob]) -> Vec<i64> {
     }
 }
 
-fn job<A: JobArgs>(args: A, configure: impl FnOnce(EnqueueRequest<A>) -> EnqueueRequest<A>) -> NewJob {
+fn job<A: JobArgs>(
+    args: A,
+    configure: impl FnOnce(EnqueueRequest<A>) -> EnqueueRequest<A>,
+) -> NewJob {
     awa_core::storage::insert::prepare(&configure(EnqueueRequest::new(args))).expect("valid job")
 }
 
@@ -178,7 +181,12 @@ async fn drains_every_job_exactly_once(engine: &str) {
     client.shutdown(T).await;
     let runs = runs.lock().expect("lock");
     for id in &ids {
-        assert_eq!(runs.get(id), Some(&1), "job {id} ran {:?} times", runs.get(id));
+        assert_eq!(
+            runs.get(id),
+            Some(&1),
+            "job {id} ran {:?} times",
+            runs.get(id)
+        );
     }
     assert!(done.iter().all(|j| j.attempt == 1 && j.errors.is_empty()));
 }
@@ -236,7 +244,12 @@ async fn staged_follow_ups(engine: &str, batch_follow_ups: bool) {
         .collect();
     seen.sort();
     let mut want: Vec<Child> = (0..20)
-        .flat_map(|n| (0..2).map(move |p| Child { parent: n, part: n * 10 + p }))
+        .flat_map(|n| {
+            (0..2).map(move |p| Child {
+                parent: n,
+                part: n * 10 + p,
+            })
+        })
         .collect();
     want.sort();
     assert_eq!(seen, want, "each child exactly once");
@@ -303,7 +316,10 @@ async fn every_outcome_ends_where_it_should(engine: &str) {
     assert_eq!(terminal.errors[0].error, "bad input");
     let cancelled = wait_state(&pool, ids[3], JobState::Cancelled).await;
     assert!(
-        cancelled.errors.last().is_some_and(|e| e.error.contains("not needed")),
+        cancelled
+            .errors
+            .last()
+            .is_some_and(|e| e.error.contains("not needed")),
         "{:?}",
         cancelled.errors
     );
@@ -403,7 +419,9 @@ async fn a_cancel_request_reaches_the_running_handler(engine: &str) {
     }
     let done = wait_state(&pool, ids[0], JobState::Cancelled).await;
     assert!(
-        done.errors.iter().any(|e| e.error.contains("asked to stop")),
+        done.errors
+            .iter()
+            .any(|e| e.error.contains("asked to stop")),
         "{:?}",
         done.errors
     );
@@ -480,6 +498,11 @@ async fn shutdown_gives_back_the_jobs_claimed_ahead(engine: &str) {
     next.shutdown(T).await;
     let runs = runs.lock().expect("lock");
     for id in &ids {
-        assert_eq!(runs.get(id), Some(&1), "job {id} ran {:?} times", runs.get(id));
+        assert_eq!(
+            runs.get(id),
+            Some(&1),
+            "job {id} ran {:?} times",
+            runs.get(id)
+        );
     }
 }

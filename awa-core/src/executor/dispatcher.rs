@@ -516,7 +516,10 @@ impl Dispatcher {
         let leases: Vec<i64> = jobs.iter().map(|c| c.job.run_lease).collect();
         let result = tokio::time::timeout(
             RELEASE_TIMEOUT,
-            self.shared.pool.engine().release(&self.shared.pool, &ids, &leases),
+            self.shared
+                .pool
+                .engine()
+                .release(&self.shared.pool, &ids, &leases),
         )
         .await;
         let what: HashMap<i64, Release> = match result {

@@ -4,15 +4,15 @@ use crate::error::AwaError;
 use crate::finalizer::waker::Waker;
 use crate::finalizer::{Finalization, Finalized, Transition};
 use crate::metrics;
+use crate::model::JobErrorEntry;
 use crate::model::NewJob;
 use crate::seams::{self, Point};
 use crate::specs::{SpecEvent, Specs};
-use crate::model::JobErrorEntry;
 use crate::storage::dlq::move_to_dlq;
 use crate::storage::engine::Engine;
-use crate::storage::queue_storage::{Finish, QueueStorage};
 use crate::storage::insert::{insert_follow_up_in_tx, FollowUpInsert, JobColumns};
 use crate::storage::pool::{Db, PoolMode};
+use crate::storage::queue_storage::{Finish, QueueStorage};
 use crate::storage::wake_queues;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres, Row};
@@ -62,9 +62,7 @@ pub(crate) async fn finalize_once(
     } else {
         let mut tx = pool.begin_on(&mut conn).await?;
         let done = match pool.engine() {
-            Engine::Canonical => {
-                finalize_in_tx_with(&mut tx, fin, specs, Some(&mut woken)).await?
-            }
+            Engine::Canonical => finalize_in_tx_with(&mut tx, fin, specs, Some(&mut woken)).await?,
             Engine::QueueStorage(qs) => {
                 finalize_queue_storage(pool.engine(), qs, &mut tx, fin, specs, &mut woken).await?
             }
@@ -231,7 +229,9 @@ async fn finalize_queue_storage(
     let entry = |error: &JobErrorEntry| serde_json::to_value(error).map_err(AwaError::from);
     let finish = match &fin.transition {
         Transition::WaitingExternal { callback_id } => {
-            let parked = qs.park(&mut *conn, job.id, job.run_lease, callback_id).await?;
+            let parked = qs
+                .park(&mut *conn, job.id, job.run_lease, callback_id)
+                .await?;
             return Ok(if parked {
                 Finalized::Applied
             } else {
@@ -255,7 +255,10 @@ async fn finalize_queue_storage(
             error: entry(error)?,
         },
     };
-    if !qs.finalize_in(&mut *conn, job.id, job.run_lease, &finish).await? {
+    if !qs
+        .finalize_in(&mut *conn, job.id, job.run_lease, &finish)
+        .await?
+    {
         return Ok(Finalized::Stale);
     }
     let spec_follow_ups = match spec_event(&fin.transition) {

@@ -14,8 +14,13 @@
 //!   32x2,256x4p,...`), each point on a freshly filled table; the best point is the floor, an
 //!   upper bound on what any runtime can drain with our SQL on this machine.
 //!
+//! - `engine_drain`: the drain on either storage engine, with its WAL, dead tuples and idle
+//!   pickup latency (`--engine canonical|queue_storage --pickups K`; see `engines.rs`).
+//!
 //! Options: `--jobs N --workers W --poll-ms P --pool-size S --sweep POINTS` (`--batch B --loops L`:
 //! the floor's single point when `--sweep` is not given).
+
+mod engines;
 
 use awa_core::finalizer::batched::complete_batch;
 use awa_core::storage::claim::claim_batch;
@@ -64,12 +69,14 @@ struct Opts {
     loops: usize,
     pool_size: u32,
     sweep: String,
+    engine: String,
+    pickups: usize,
 }
 
 fn parse_opts() -> Result<Opts, AnyError> {
     let mut args = std::env::args().skip(1);
     let workload = args.next().ok_or(
-        "usage: awa-bench drain|staging|floor|enqueue_single [--phase P] --url URL [--jobs N] ...",
+        "usage: awa-bench drain|staging|floor|enqueue_single|engine_drain [--phase P] --url URL [--jobs N] ...",
     )?;
     let mut o = Opts {
         workload,
@@ -82,6 +89,8 @@ fn parse_opts() -> Result<Opts, AnyError> {
         loops: 2,
         pool_size: 20,
         sweep: String::new(),
+        engine: "canonical".into(),
+        pickups: 100,
     };
     while let Some(flag) = args.next() {
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -95,6 +104,8 @@ fn parse_opts() -> Result<Opts, AnyError> {
             "--loops" => o.loops = value.parse()?,
             "--pool-size" => o.pool_size = value.parse()?,
             "--sweep" => o.sweep = value,
+            "--engine" => o.engine = value,
+            "--pickups" => o.pickups = value.parse()?,
             other => return Err(format!("unknown option {other}").into()),
         }
     }
@@ -646,6 +657,8 @@ async fn run(o: &Opts) -> Result<Value, AnyError> {
             "drain" => setup(&o.url, o.jobs, |i| Noop { i }).await?,
             // The floor fills the table itself before each point of its sweep.
             "enqueue_single" | "floor" => setup(&o.url, 0, |i| Noop { i }).await?,
+            // Inserts through the engine under test, as part of its run.
+            "engine_drain" => json!({}),
             "staging" => setup(&o.url, o.jobs, |i| StageJob { i }).await?,
             other => return Err(format!("unknown workload {other}").into()),
         };
@@ -657,6 +670,7 @@ async fn run(o: &Opts) -> Result<Value, AnyError> {
             "staging" => drain(o, true).await?,
             "floor" => floor(o).await?,
             "enqueue_single" => enqueue_single(o).await?,
+            "engine_drain" => engines::engine_drain(o).await?,
             other => return Err(format!("unknown workload {other}").into()),
         };
         merge(&mut out, v);
@@ -665,6 +679,7 @@ async fn run(o: &Opts) -> Result<Value, AnyError> {
     if (o.phase == "verify" || o.phase == "all")
         && o.workload != "enqueue_single"
         && o.workload != "floor"
+        && o.workload != "engine_drain"
     {
         merge(&mut out, verify(o, staging).await?);
     }

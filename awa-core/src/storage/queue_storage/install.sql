@@ -252,8 +252,12 @@ BEGIN
         SELECT e.*, e.run_lease + 1 AS next_lease, e.attempt + 1 AS next_attempt, now() AS t0
         FROM {s}.ready_entries e
         WHERE e.queue = p_queue AND e.priority = p_priority AND e.seq >= lane.cursor
+          -- `c.seq >= lane.cursor` is implied by `c.seq = e.seq`, but said for the planner:
+          -- without it a merge anti-join reads every claimed entry of the lane from the
+          -- start (12 ms per claim at 20,000 claimed entries, growing with them).
           AND NOT EXISTS (SELECT 1 FROM {s}.claimed_entries c
-                          WHERE c.queue = p_queue AND c.priority = p_priority AND c.seq = e.seq)
+                          WHERE c.queue = p_queue AND c.priority = p_priority AND c.seq = e.seq
+                            AND c.seq >= lane.cursor)
         ORDER BY e.seq
         LIMIT p_n
     ), consumed AS (
@@ -281,7 +285,8 @@ BEGIN
     WHERE e.queue = p_queue AND e.priority = p_priority AND e.seq >= lane.cursor
       AND e.seq <= lane.stable_seq
       AND NOT EXISTS (SELECT 1 FROM {s}.claimed_entries c
-                      WHERE c.queue = p_queue AND c.priority = p_priority AND c.seq = e.seq)
+                      WHERE c.queue = p_queue AND c.priority = p_priority AND c.seq = e.seq
+                        AND c.seq >= lane.cursor AND c.seq <= lane.stable_seq)
     ORDER BY e.seq
     LIMIT 1;
     lane.cursor := greatest(lane.cursor, coalesce(next_cursor, lane.stable_seq + 1));
@@ -309,6 +314,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     got integer := 0;
     k integer;
+    c bigint;
 BEGIN
     -- A paused queue (awa.queue_meta, shared with canonical) hands out nothing.
     IF EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused) THEN
@@ -316,6 +322,14 @@ BEGIN
     END IF;
     FOR pr IN 1 .. 4 LOOP
         EXIT WHEN got >= p_n;
+        -- Only a lane with an entry at or past its cursor (read without a lock: an entry
+        -- committed after this read is found by the claim its wake-up starts). A claim of an
+        -- empty lane locks and upserts its lane row; skipping them quarters an idle pickup.
+        -- One index probe per lane (a set-based form got a hash join over the whole queue).
+        c := (SELECT l.cursor FROM {s}.lanes l WHERE l.queue = p_queue AND l.priority = pr);
+        CONTINUE WHEN NOT EXISTS (
+            SELECT 1 FROM {s}.ready_entries e
+            WHERE e.queue = p_queue AND e.priority = pr AND e.seq >= coalesce(c, 0));
         RETURN QUERY SELECT * FROM {s}.qs_claim(p_queue, pr::smallint, p_n - got, p_deadline);
         GET DIAGNOSTICS k = ROW_COUNT;
         got := got + k;

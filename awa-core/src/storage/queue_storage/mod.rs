@@ -364,7 +364,12 @@ impl QueueStorage {
     /// Give claimed attempts that never started back (see `qs_release`): each pair still open
     /// with `true` when it was released, `false` when a cancel was requested for it (it stays
     /// running, to be finalized as cancelled).
-    pub async fn release(&self, pool: &Db, ids: &[i64], run_leases: &[i64]) -> Result<Vec<(i64, bool)>> {
+    pub async fn release(
+        &self,
+        pool: &Db,
+        ids: &[i64],
+        run_leases: &[i64],
+    ) -> Result<Vec<(i64, bool)>> {
         let sql = format!("SELECT id, what FROM {}($1, $2)", self.name("qs_release"));
         let rows: Vec<(i64, i16)> = sqlx::query_as(&sql)
             .bind(ids)
@@ -500,7 +505,10 @@ impl QueueStorage {
         ids: &[i64],
         run_leases: &[i64],
     ) -> Result<Vec<(i64, i64)>> {
-        let sql = format!("SELECT id, run_lease FROM {}($1, $2)", self.name("qs_complete"));
+        let sql = format!(
+            "SELECT id, run_lease FROM {}($1, $2)",
+            self.name("qs_complete")
+        );
         Ok(sqlx::query_as(&sql)
             .bind(ids)
             .bind(run_leases)
