@@ -6,6 +6,8 @@
 #   bash bench/run.sh --quick    # smoke run: small sizes, 1 round (~3-4 min warm)
 #   bash bench/run.sh --soak     # the soak (bench/soak.py): 30 min per system of steady load,
 #                                # dead tuples, size and backlog; --duration-s N for a short one
+#   bash bench/run.sh --engines  # the storage engines side by side (bench/engines.py): the Rust
+#                                # drain, WAL, dead tuples and idle pickup on each (~3 min warm)
 #
 # Outputs, written together by one run (the report is generated whole from the JSON):
 #   full:    docs/benchmarks.json (every run), docs/benchmarks.md (the report), docs/benchmarks.png
@@ -46,12 +48,14 @@ PLOT_REQ="${PLOT_REQ:-matplotlib==3.11.2}"
 
 BUILD=1
 SOAK=0
+ENGINES=0
 PASS=()
 for a in "$@"; do
     case "$a" in
         --no-build) BUILD=0 ;;
         --soak) SOAK=1 ;;
-        -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+        --engines) ENGINES=1 ;;
+        -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
         *) PASS+=("$a") ;;
     esac
 done
@@ -77,6 +81,17 @@ ensure_venv
 ensure_database
 log "database: $DATABASE_URL"
 mkdir -p "$VENVS"
+if [ "$ENGINES" = 1 ]; then
+    # Rust only: the bench binary and the chart's virtualenv.
+    ensure_system_venv plot "$PLOT_REQ"
+    if [ "$BUILD" = 1 ]; then
+        log "building the Rust bench binary (release, $BENCH_TARGET; a few minutes on a cold cache)"
+        CARGO_TARGET_DIR="$BENCH_TARGET" cargo build --quiet --release --manifest-path "$BENCH/rust/Cargo.toml"
+    fi
+    log "running the engines comparison"
+    exec "$PY" "$BENCH/engines.py" --rust-bin "$BENCH_TARGET/release/awa-bench" \
+        --command "bash bench/run.sh --engines${PASS[*]:+ ${PASS[*]}}" ${PASS[@]+"${PASS[@]}"}
+fi
 ensure_system_venv awa_pg "$AWA_PG_REQ"
 ensure_system_venv pgqueuer "$PGQUEUER_REQ"
 ensure_system_venv procrastinate "$PROCRASTINATE_REQ"
