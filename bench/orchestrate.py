@@ -92,6 +92,19 @@ def systems(rust_bin: str) -> dict[str, dict[str, Any]]:
         # steady draining) is the same rate, and the report states the cap.
         "procrastinate": dict(py("procrastinate", "procrastinate_sys.py", "procrastinate", peer_workloads),
                               max_jobs={"drain": 2000, "staging": 2000}),
+        # Issue 18's engines under the soak: the Rust runtime on each (bench/rust, `soak`).
+        "awa-rust-soak": {
+            "label": "awa (ours, Rust runtime, canonical)",
+            "cmd": [rust_bin],
+            "workloads": {"soak": "soak"},
+            "env": {"AWA_BENCH_ENGINE": "canonical"},
+        },
+        "awa-rust-qs": {
+            "label": "awa (ours, Rust runtime, queue storage)",
+            "cmd": [rust_bin],
+            "workloads": {"soak": "soak"},
+            "env": {"AWA_BENCH_ENGINE": "queue_storage"},
+        },
         "floor": {
             "label": "floor (our SQL, no runtime, best of the sweep)",
             "cmd": [rust_bin],

@@ -104,15 +104,13 @@ if [ "$BUILD" = 1 ]; then
     (cd "$ROOT" && "$VENV/bin/maturin" build --quiet --release --out bench/.wheel >&2)
     "$VENVS/awa/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
         "$(ls "$BENCH"/.wheel/awa_queue-*.whl | head -n1)"
-    if [ "$SOAK" = 0 ]; then
-        log "building the Rust bench binary (release, $BENCH_TARGET; a few minutes on a cold cache)"
-        CARGO_TARGET_DIR="$BENCH_TARGET" cargo build --quiet --release --manifest-path "$BENCH/rust/Cargo.toml"
-    fi
+    log "building the Rust bench binary (release, $BENCH_TARGET; a few minutes on a cold cache)"
+    CARGO_TARGET_DIR="$BENCH_TARGET" cargo build --quiet --release --manifest-path "$BENCH/rust/Cargo.toml"
 fi
 
 if [ "$SOAK" = 1 ]; then
     log "running the soak"
-    exec "$PY" "$BENCH/soak.py" --command "bash bench/run.sh --soak${PASS[*]:+ ${PASS[*]}}" ${PASS[@]+"${PASS[@]}"}
+    exec "$PY" "$BENCH/soak.py" --rust-bin "$BENCH_TARGET/release/awa-bench" --command "bash bench/run.sh --soak${PASS[*]:+ ${PASS[*]}}" ${PASS[@]+"${PASS[@]}"}
 fi
 
 log "running the benchmark"

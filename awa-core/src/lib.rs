@@ -6,7 +6,9 @@
 //! - [`storage`]: migrations and the SQL for inserts (and the bulk COPY path), claims,
 //!   callbacks, the DLQ and admin actions, generic over any executor where a caller's
 //!   transaction makes sense; `storage::pool`: the one connect path (`ConnectTarget`: TLS,
-//!   connect timeout, PgBouncer's transaction mode), `Db`, the pool handle every path uses,
+//!   connect timeout, PgBouncer's transaction mode), `Db`, the pool handle every path uses;
+//!   `storage::engine`: which storage engine (canonical `awa.jobs`, or the append-only
+//!   `storage::queue_storage`) the runtime's statements go to, carried by the `Db`;
 //!   [`pool_options`], the recommended pool settings, and [`close_pool`], which really
 //!   closes one.
 //! - [`executor`]: dispatchers, runners, the handler context, heartbeats, shutdown.

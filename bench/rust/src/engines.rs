@@ -16,6 +16,7 @@ use awa_core::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use sqlx::Connection;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -213,5 +214,106 @@ pub(crate) async fn engine_drain(o: &Opts) -> Result<Value, AnyError> {
             "QueueConfig::new({}), RuntimeConfig {{ poll_interval: {} ms, ..default }}, pool {} connections; queue storage: 16 queue slots, 8 lease slots",
             o.workers, o.poll_ms, o.pool_size
         ),
+    }))
+}
+
+/// What bench/soak.py samples: dead and live tuples, vacuums, size and WAL position.
+const SOAK_SAMPLE_SQL: &str =
+    "SELECT coalesce(sum(n_dead_tup), 0)::bigint, coalesce(sum(n_live_tup), 0)::bigint,
+        coalesce(sum(autovacuum_count + vacuum_count), 0)::bigint,
+        pg_database_size(current_database()),
+        (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint
+ FROM pg_stat_user_tables";
+
+/// `soak`: bench/soak.py's protocol (bench/systems/common.py, `soak_loop`) on the Rust
+/// runtime: a batch every 50 ms through the engine's insert, `--rate` jobs per second for
+/// `--duration-s`, completed history kept `--retention-s` (canonical prunes it, queue storage
+/// reclaims its slots), the database sampled every `--sample-s`.
+pub(crate) async fn soak(o: &Opts) -> Result<Value, AnyError> {
+    let pool = engine_pool(o, o.pool_size).await?;
+    let handled = Arc::new(AtomicUsize::new(0));
+    let h = handled.clone();
+    let client = Client::builder(pool.clone())
+        .database_url(o.url.clone())
+        .config(RuntimeConfig {
+            completed_retention: Duration::from_secs_f64(o.retention_s),
+            ..runtime_config(o)
+        })
+        .queue(QUEUE, QueueConfig::new(o.workers))
+        .register::<EngineNoop, _, _>(move |_args, _ctx| {
+            h.fetch_add(1, Ordering::Relaxed);
+            async { Ok(JobResult::Completed) }
+        })
+        .build()?;
+    client.start().await?;
+    let mut monitor = sqlx::PgConnection::connect(&o.url).await?;
+    let mut samples = Vec::new();
+    let mut inserted = 0usize;
+    let mut sample = |t: f64, row: (i64, i64, i64, i64, i64), inserted: usize| {
+        let done = handled.load(Ordering::Relaxed);
+        samples.push(json!({
+            "t": (t * 1000.0).round() / 1000.0, "inserted": inserted, "handled": done,
+            "backlog": inserted as i64 - done as i64,
+            "dead_tuples": row.0, "live_tuples": row.1, "vacuums": row.2, "db_bytes": row.3,
+            "wal_bytes": row.4,
+        }));
+    };
+    let tick = Duration::from_millis(50);
+    let per_tick = o.rate * tick.as_secs_f64();
+    let mut owed = 0.0;
+    let t0 = Instant::now();
+    sample(
+        0.0,
+        sqlx::query_as(SOAK_SAMPLE_SQL)
+            .fetch_one(&mut monitor)
+            .await?,
+        0,
+    );
+    let mut next_sample = o.sample_s;
+    let mut ticks = 0u32;
+    loop {
+        let now = t0.elapsed().as_secs_f64();
+        if now >= o.duration_s {
+            break;
+        }
+        owed += per_tick;
+        let n = owed as usize;
+        if n > 0 {
+            owed -= n as f64;
+            let batch = (inserted..inserted + n)
+                .map(|i| prepare(i as i64))
+                .collect::<Result<Vec<_>, _>>()?;
+            enqueue(&pool, &batch).await?;
+            inserted += n;
+        }
+        if now >= next_sample {
+            sample(
+                now,
+                sqlx::query_as(SOAK_SAMPLE_SQL)
+                    .fetch_one(&mut monitor)
+                    .await?,
+                inserted,
+            );
+            next_sample += o.sample_s;
+        }
+        ticks += 1;
+        tokio::time::sleep_until((t0 + tick * ticks).into()).await;
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    sample(
+        seconds,
+        sqlx::query_as(SOAK_SAMPLE_SQL)
+            .fetch_one(&mut monitor)
+            .await?,
+        inserted,
+    );
+    let done = handled.load(Ordering::Relaxed);
+    client.shutdown(Duration::from_secs(5)).await;
+    pool.close().await;
+    Ok(json!({
+        "rate": o.rate, "duration_s": o.duration_s, "seconds": seconds, "inserted": inserted,
+        "handled": done, "offered_per_s": inserted as f64 / seconds,
+        "handled_per_s": done as f64 / seconds, "retention_s": o.retention_s,
+        "engine": o.engine, "samples": samples,
     }))
 }

@@ -16,6 +16,8 @@
 //!
 //! - `engine_drain`: the drain on either storage engine, with its WAL, dead tuples and idle
 //!   pickup latency (`--engine canonical|queue_storage --pickups K`; see `engines.rs`).
+//! - `soak`: bench/soak.py's steady offered load (`--rate --duration-s --sample-s
+//!   --retention-s`) on the Rust runtime, on the engine `AWA_BENCH_ENGINE` names.
 //!
 //! Options: `--jobs N --workers W --poll-ms P --pool-size S --sweep POINTS` (`--batch B --loops L`:
 //! the floor's single point when `--sweep` is not given).
@@ -71,12 +73,16 @@ struct Opts {
     sweep: String,
     engine: String,
     pickups: usize,
+    rate: f64,
+    duration_s: f64,
+    sample_s: f64,
+    retention_s: f64,
 }
 
 fn parse_opts() -> Result<Opts, AnyError> {
     let mut args = std::env::args().skip(1);
     let workload = args.next().ok_or(
-        "usage: awa-bench drain|staging|floor|enqueue_single|engine_drain [--phase P] --url URL [--jobs N] ...",
+        "usage: awa-bench drain|staging|floor|enqueue_single|engine_drain|soak [--phase P] --url URL [--jobs N] ...",
     )?;
     let mut o = Opts {
         workload,
@@ -89,8 +95,13 @@ fn parse_opts() -> Result<Opts, AnyError> {
         loops: 2,
         pool_size: 20,
         sweep: String::new(),
-        engine: "canonical".into(),
+        // bench/soak.py passes the engine of a Rust system in its environment.
+        engine: std::env::var("AWA_BENCH_ENGINE").unwrap_or_else(|_| "canonical".into()),
         pickups: 100,
+        rate: 1000.0,
+        duration_s: 60.0,
+        sample_s: 10.0,
+        retention_s: 10.0,
     };
     while let Some(flag) = args.next() {
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -106,6 +117,10 @@ fn parse_opts() -> Result<Opts, AnyError> {
             "--sweep" => o.sweep = value,
             "--engine" => o.engine = value,
             "--pickups" => o.pickups = value.parse()?,
+            "--rate" => o.rate = value.parse()?,
+            "--duration-s" => o.duration_s = value.parse()?,
+            "--sample-s" => o.sample_s = value.parse()?,
+            "--retention-s" => o.retention_s = value.parse()?,
             other => return Err(format!("unknown option {other}").into()),
         }
     }
@@ -658,7 +673,7 @@ async fn run(o: &Opts) -> Result<Value, AnyError> {
             // The floor fills the table itself before each point of its sweep.
             "enqueue_single" | "floor" => setup(&o.url, 0, |i| Noop { i }).await?,
             // Inserts through the engine under test, as part of its run.
-            "engine_drain" => json!({}),
+            "engine_drain" | "soak" => json!({}),
             "staging" => setup(&o.url, o.jobs, |i| StageJob { i }).await?,
             other => return Err(format!("unknown workload {other}").into()),
         };
@@ -671,6 +686,7 @@ async fn run(o: &Opts) -> Result<Value, AnyError> {
             "floor" => floor(o).await?,
             "enqueue_single" => enqueue_single(o).await?,
             "engine_drain" => engines::engine_drain(o).await?,
+            "soak" => engines::soak(o).await?,
             other => return Err(format!("unknown workload {other}").into()),
         };
         merge(&mut out, v);
@@ -680,6 +696,7 @@ async fn run(o: &Opts) -> Result<Value, AnyError> {
         && o.workload != "enqueue_single"
         && o.workload != "floor"
         && o.workload != "engine_drain"
+        && o.workload != "soak"
     {
         merge(&mut out, verify(o, staging).await?);
     }
