@@ -94,8 +94,11 @@ def render(data: dict[str, Any]) -> str:
             break
         c, q = s["engines"]["canonical"][name], s["engines"]["queue_storage"][name]
 
+        def num(x: float) -> str:
+            return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.2f}" if abs(x) >= 1 else f"{x:.4f}"
+
         def cell(v: dict[str, float]) -> str:
-            return f"{v['median']:,.4g} ({v['min']:,.4g}-{v['max']:,.4g})"
+            return f"{num(v['median'])} ({num(v['min'])}-{num(v['max'])})"
 
         met = "" if target is None else ("yes" if s["verdicts"][name] else "**no**")
         lines.append(f"| {name} | {cell(c)} | {cell(q)} | {s['ratios'][name]:.2f}x | {says} | {met} |")

@@ -686,6 +686,14 @@ BEGIN
     IF old = st.current THEN
         RETURN NULL;
     END IF;
+    -- Too young to reclaim? Checked first without a lock, so the passes that find history
+    -- within its retention (most of them) stall nobody; checked again under the locks.
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM {s}.receipts_%1$s WHERE finalized_at > now() - $1)'
+                   ' OR EXISTS (SELECT 1 FROM {s}.done_entries_%1$s WHERE finalized_at > now() - $1)', old)
+        INTO young USING p_retention;
+    IF young THEN
+        RETURN NULL;
+    END IF;
     PERFORM pg_current_xact_id();  -- we draw seqs: hold an xid first, as producers do
     -- Leases first (completions delete leases, then write a receipt into the entry's slot),
     -- then the slot's tables. A reader (the qs_jobs view, a user's SQL) may hold one of the
@@ -774,7 +782,9 @@ DECLARE
 BEGIN
     SELECT * INTO st FROM {s}.lease_ring_state FOR UPDATE;
     saved_timeout := current_setting('lock_timeout');
-    PERFORM set_config('lock_timeout', '50ms', true);
+    -- Short: while we wait for a slot, every completion and heartbeat that needs it queues
+    -- behind us (they scan every lease slot).
+    PERFORM set_config('lock_timeout', '10ms', true);
     FOR k IN 1 .. st.slots - 1 LOOP
         i := (st.current + k) % st.slots;
         BEGIN

@@ -560,7 +560,7 @@ impl QueueStorage {
 
     /// Truncate every empty lease slot but the current one and move the lease ring on (the
     /// leases' dead tuples live until their slot is truncated, so this runs more often than
-    /// the queue ring's rotation; awa-pg's default is every 250 ms). Returns the current slot.
+    /// the queue ring's rotation; awa-pg's default is every 50 ms). Returns the current slot.
     pub async fn rotate_leases(&self, pool: &Db) -> Result<i32> {
         let sql = format!("SELECT {}()", self.name("qs_rotate_leases"));
         Ok(sqlx::query_scalar(&sql).fetch_one(pool.pool()).await?)
