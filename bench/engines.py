@@ -140,21 +140,7 @@ def plot(json_path: str, png_path: str) -> None:
 
 
 def write(data: dict[str, Any], json_path: str) -> None:
-    md_path = os.path.splitext(json_path)[0] + ".md"
-    png_path = os.path.splitext(json_path)[0] + ".png"
-    with open(json_path, "w") as f:
-        json.dump(data, f, indent=1)
-    text = render(data) + f"\n![engines chart]({os.path.basename(png_path)})\n"
-    with open(md_path, "w") as f:
-        f.write(text)
-    print(text)
-    plot_python = os.path.join(orchestrate.VENVS, "plot", "bin", "python")
-    if os.path.exists(plot_python):
-        r = subprocess.run([plot_python, os.path.abspath(__file__), "--plot", json_path, png_path],
-                           capture_output=True, text=True, check=False)
-        if r.returncode != 0:
-            print(f"(chart not drawn: {r.stderr.strip()[-500:]})", file=sys.stderr)
-    print(f"==> {os.path.relpath(md_path, ROOT)}")
+    orchestrate.write_report(data, json_path, lambda png: render(data) + f"\n![engines chart]({png})\n", __file__)
 
 
 def run_one(rust_bin: str, admin_url: str, engine: str, rnd: int, args: argparse.Namespace,

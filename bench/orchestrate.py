@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from typing import Any
+from typing import Any, Callable
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
@@ -798,6 +798,27 @@ def machine_meta(admin_url: str) -> dict[str, Any]:
         "tools": {"rustc": sh(["rustc", "--version"]).removeprefix("rustc ")},
         "load": {"start": load_average()},
     }
+
+
+def write_report(data: dict[str, Any], json_path: str, document: Callable[[str], str], script: str) -> None:
+    """Write a run's JSON, its markdown report (``document(png_name)``) beside it, and its chart,
+    drawn by ``script --plot JSON PNG`` in the bench-only plotting virtualenv when it exists
+    (the soak and the engines comparison share this)."""
+    md_path = os.path.splitext(json_path)[0] + ".md"
+    png_path = os.path.splitext(json_path)[0] + ".png"
+    with open(json_path, "w") as f:
+        json.dump(data, f, indent=1)
+    text = document(os.path.basename(png_path))
+    with open(md_path, "w") as f:
+        f.write(text)
+    print(text)
+    plot_python = os.path.join(VENVS, "plot", "bin", "python")
+    if os.path.exists(plot_python):
+        r = subprocess.run([plot_python, os.path.abspath(script), "--plot", json_path, png_path],
+                           capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            print(f"(chart not drawn: {r.stderr.strip()[-500:]})", file=sys.stderr)
+    print(f"==> {os.path.relpath(md_path, ROOT)}")
 
 
 def check(json_path: str, md_path: str) -> int:

@@ -194,21 +194,7 @@ def out_dir(data: dict[str, Any]) -> str:
 
 
 def write(data: dict[str, Any], json_path: str) -> None:
-    md_path = os.path.splitext(json_path)[0] + ".md"
-    png_path = os.path.splitext(json_path)[0] + ".png"
-    with open(json_path, "w") as f:
-        json.dump(data, f, indent=1)
-    text = document(data, os.path.basename(png_path))
-    with open(md_path, "w") as f:
-        f.write(text)
-    print(text)
-    plot_python = os.path.join(orchestrate.VENVS, "plot", "bin", "python")
-    if os.path.exists(plot_python):
-        r = subprocess.run([plot_python, os.path.abspath(__file__), "--plot", json_path, png_path],
-                           capture_output=True, text=True, check=False)
-        if r.returncode != 0:
-            print(f"(chart not drawn: {r.stderr.strip()[-500:]})", file=sys.stderr)
-    print(f"==> {os.path.relpath(md_path, ROOT)}")
+    orchestrate.write_report(data, json_path, lambda png: document(data, png), __file__)
 
 
 def main() -> None:

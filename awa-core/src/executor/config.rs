@@ -140,8 +140,11 @@ pub struct RuntimeConfig {
     /// is older than `completed_retention` and moves the queue ring on (awa-pg's
     /// `queue_storage_queue_rotate_interval_ms`, default 1 s).
     pub queue_rotate_interval: Duration,
-    /// Queue storage only: how often the leader truncates empty lease slots and moves the
-    /// lease ring on (`queue_storage_lease_rotate_interval_ms`, default 50 ms).
+    /// Queue storage only: how often the leader truncates an empty lease slot and moves the
+    /// lease ring on (`queue_storage_lease_rotate_interval_ms`, default 50 ms as in awa-pg).
+    /// Each `TRUNCATE` leaves dead rows in `pg_class`, which only a vacuum of the catalog
+    /// reclaims (docs/queue-storage-design.md, "Catalog churn"); a longer interval leaves more
+    /// dead lease rows per slot between truncations.
     pub lease_rotate_interval: Duration,
     /// How long a queue or kind descriptor may go unrefreshed before the maintenance leader
     /// deletes it (`descriptor_retention_days`); `None` keeps them (awa-pg's `0`).

@@ -315,5 +315,9 @@ pub(crate) async fn soak(o: &Opts) -> Result<Value, AnyError> {
         "handled": done, "offered_per_s": inserted as f64 / seconds,
         "handled_per_s": done as f64 / seconds, "retention_s": o.retention_s,
         "engine": o.engine, "samples": samples,
+        "settings": format!(
+            "QueueConfig::new({}), RuntimeConfig {{ poll_interval: {} ms, completed_retention: {} s, ..default }}, pool {} connections; engine {} (queue storage: 16 queue slots, 8 lease slots, rotation every 1 s / 50 ms)",
+            o.workers, o.poll_ms, o.retention_s, o.pool_size, o.engine
+        ),
     }))
 }

@@ -665,6 +665,19 @@ BEGIN
     RETURN nxt;
 END $$;
 
+-- Whether a queue slot holds history (receipts, failed or cancelled attempts) finalized within
+-- the last p_retention: such a slot is not reclaimed yet.
+CREATE FUNCTION {s}.qs_slot_young(p_slot integer, p_retention interval)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    young boolean;
+BEGIN
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM {s}.receipts_%1$s WHERE finalized_at > now() - $1)'
+                   ' OR EXISTS (SELECT 1 FROM {s}.done_entries_%1$s WHERE finalized_at > now() - $1)', p_slot)
+        INTO young USING p_retention;
+    RETURN young;
+END $$;
+
 -- Reclaim the oldest queue slot (the one after the current): in one transaction holding
 -- ACCESS EXCLUSIVE on its children, carry forward what is still live into the current slot
 -- (unconsumed entries with a new seq; entries of open leases as consumed, the lease pointed at
@@ -688,9 +701,7 @@ BEGIN
     END IF;
     -- Too young to reclaim? Checked first without a lock, so the passes that find history
     -- within its retention (most of them) stall nobody; checked again under the locks.
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM {s}.receipts_%1$s WHERE finalized_at > now() - $1)'
-                   ' OR EXISTS (SELECT 1 FROM {s}.done_entries_%1$s WHERE finalized_at > now() - $1)', old)
-        INTO young USING p_retention;
+    young := {s}.qs_slot_young(old, p_retention);
     IF young THEN
         RETURN NULL;
     END IF;
@@ -711,9 +722,7 @@ BEGIN
         RETURN NULL;
     END;
     PERFORM set_config('lock_timeout', saved_timeout, true);
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM {s}.receipts_%1$s WHERE finalized_at > now() - $1)'
-                   ' OR EXISTS (SELECT 1 FROM {s}.done_entries_%1$s WHERE finalized_at > now() - $1)', old)
-        INTO young USING p_retention;
+    young := {s}.qs_slot_young(old, p_retention);
     IF young THEN
         RETURN NULL;
     END IF;
@@ -794,7 +803,12 @@ BEGIN
                 -- Roll the subtransaction back, so its lock goes too.
                 RAISE EXCEPTION 'lease slot % is in use', i USING ERRCODE = 'AWQ01';
             END IF;
-            EXECUTE format('TRUNCATE {s}.leases_%s', i);
+            -- A slot whose file is already empty needs no TRUNCATE: each one rewrites the
+            -- catalog rows of the slot and its indexes, dead tuples in pg_class that only a
+            -- vacuum of the catalog reclaims.
+            IF pg_relation_size(format('{s}.leases_%s', i)::regclass) > 0 THEN
+                EXECUTE format('TRUNCATE {s}.leases_%s', i);
+            END IF;
             UPDATE {s}.lease_ring_state SET current = i;
             PERFORM set_config('lock_timeout', saved_timeout, true);
             RETURN i;
