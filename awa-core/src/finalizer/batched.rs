@@ -33,13 +33,6 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Acquire, PgConnection, Postgres};
 use std::collections::HashSet;
 
-const COMPLETE_BATCH: &str = "UPDATE awa.jobs j
-     SET state = 'completed', finalized_at = now(), progress = NULL, heartbeat_at = NULL,
-         callback_id = NULL, callback_timeout_at = NULL, callback_result = NULL
-     FROM unnest($1::bigint[], $2::bigint[]) AS t(id, lease)
-     WHERE j.id = t.id AND j.run_lease = t.lease AND j.state = 'running'
-     RETURNING j.id";
-
 /// Complete every `(id, run_lease)` pair that is still running under that lease; pairs that
 /// match nothing are stale and ignored. Returns the ids that completed. Retries with the
 /// default [`RetryPolicy`] (see [`complete_batch_with`]).
@@ -109,26 +102,18 @@ pub async fn complete_batch_with(
 }
 
 /// One plain batch completion statement on the pool's engine (on `conn` when a retry passes
-/// the connection that just answered a ping).
+/// the connection that just answered a ping); the ids that completed.
 async fn complete_plain(
     pool: &Db,
     conn: Option<PoolConnection<Postgres>>,
     ids: &[i64],
     leases: &[i64],
 ) -> Result<Vec<i64>, AwaError> {
-    match (pool.engine(), conn) {
-        (Engine::Canonical, conn) => {
-            let query = sqlx::query_scalar::<_, i64>(COMPLETE_BATCH)
-                .bind(ids)
-                .bind(leases);
-            Ok(match conn {
-                Some(mut c) => query.fetch_all(&mut *c).await?,
-                None => query.fetch_all(pool).await?,
-            })
-        }
-        (Engine::QueueStorage(qs), Some(mut c)) => qs.complete_in(&mut *c, ids, leases).await,
-        (Engine::QueueStorage(qs), None) => qs.complete_in(pool, ids, leases).await,
-    }
+    let done = match conn {
+        Some(mut c) => pool.engine().complete_in(&mut *c, ids, leases).await?,
+        None => pool.engine().complete_in(pool, ids, leases).await?,
+    };
+    Ok(done.into_iter().map(|(id, _)| id).collect())
 }
 
 fn gave_up(jobs: usize, e: impl Into<AwaError>) -> AwaError {
@@ -254,7 +239,7 @@ async fn try_members(
     leases: &[i64],
 ) -> Result<(Vec<(i64, i64)>, Vec<String>), AwaError> {
     let mut tx = conn.begin().await?;
-    let done = engine.complete_in(&mut tx, ids, leases).await?;
+    let done = engine.complete_in(&mut *tx, ids, leases).await?;
     let matched: HashSet<(i64, i64)> = done.iter().copied().collect();
     let live: Vec<&Member> = members
         .iter()

@@ -64,7 +64,7 @@ pub(crate) async fn finalize_once(
         let done = match pool.engine() {
             Engine::Canonical => finalize_in_tx_with(&mut tx, fin, specs, Some(&mut woken)).await?,
             Engine::QueueStorage(qs) => {
-                finalize_queue_storage(pool.engine(), qs, &mut tx, fin, specs, &mut woken).await?
+                finalize_queue_storage(qs, &mut tx, fin, specs, &mut woken).await?
             }
         };
         if done == Finalized::Stale {
@@ -218,7 +218,6 @@ async fn complete_with_follow_ups(
 /// queues to wake after the commit are pushed to `woken`. Not yet on this engine: the DLQ
 /// (a failed job stays failed in its slot's history) and the progress given with the outcome.
 async fn finalize_queue_storage(
-    engine: &Engine,
     qs: &QueueStorage,
     conn: &mut PgConnection,
     fin: &Finalization,
@@ -280,8 +279,11 @@ async fn finalize_queue_storage(
         .iter()
         .chain(staged.iter().map(|s| &s.job))
         .collect();
-    let results = engine.insert_follow_ups_in_tx(conn, &all).await?;
-    let mut results = results.into_iter();
+    let mut results = qs
+        .enqueue_follow_ups(&mut *conn, &all)
+        .await?
+        .into_iter()
+        .map(FollowUpInsert::Inserted);
     for (follow_up, result) in spec_follow_ups.iter().zip(results.by_ref()) {
         record_insert(job.id, follow_up, result);
     }

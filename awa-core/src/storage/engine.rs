@@ -126,12 +126,13 @@ impl Engine {
         }
     }
 
-    /// The guarded completion of a batch inside the caller's transaction: every
-    /// `(ids[i], leases[i])` still running under that lease completes; returns the pairs that
-    /// did (the others are stale and wrote nothing).
-    pub(crate) async fn complete_in(
+    /// The guarded completion of a batch: every `(ids[i], leases[i])` still running under
+    /// that lease completes; returns the pairs that did (the others are stale and wrote
+    /// nothing). Through any executor: the pool for a plain batch, a caller's transaction
+    /// for one with follow-ups.
+    pub(crate) async fn complete_in<'e, E: sqlx::PgExecutor<'e>>(
         &self,
-        conn: &mut sqlx::PgConnection,
+        executor: E,
         ids: &[i64],
         leases: &[i64],
     ) -> Result<Vec<(i64, i64)>> {
@@ -139,9 +140,9 @@ impl Engine {
             Engine::Canonical => Ok(sqlx::query_as(CANONICAL_COMPLETE_BATCH)
                 .bind(ids)
                 .bind(leases)
-                .fetch_all(conn)
+                .fetch_all(executor)
                 .await?),
-            Engine::QueueStorage(qs) => qs.complete_leases_in(conn, ids, leases).await,
+            Engine::QueueStorage(qs) => qs.complete_leases_in(executor, ids, leases).await,
         }
     }
 
@@ -159,7 +160,7 @@ impl Engine {
                 if jobs.is_empty() {
                     return Ok(Vec::new());
                 }
-                let ids = qs.enqueue_refs(&mut *conn, jobs).await?;
+                let ids = qs.enqueue_follow_ups(&mut *conn, jobs).await?;
                 Ok(ids
                     .into_iter()
                     .map(crate::storage::insert::FollowUpInsert::Inserted)
@@ -172,7 +173,7 @@ impl Engine {
 /// Canonical's guarded batch completion, returning the lease too: a batch may hold a
 /// superseded attempt and the current one of the same job, and only the follow-ups of the one
 /// that matched are sent.
-pub(crate) const CANONICAL_COMPLETE_BATCH: &str = "UPDATE awa.jobs j
+const CANONICAL_COMPLETE_BATCH: &str = "UPDATE awa.jobs j
      SET state = 'completed', finalized_at = now(), progress = NULL, heartbeat_at = NULL,
          callback_id = NULL, callback_timeout_at = NULL, callback_result = NULL
      FROM unnest($1::bigint[], $2::bigint[]) AS t(id, lease)

@@ -162,7 +162,7 @@ CREATE FUNCTION {s}.qs_enqueue(p_kinds text[], p_queues text[], p_args jsonb[],
                                p_priorities smallint[], p_max_attempts integer[],
                                p_run_ats timestamptz[], p_tags jsonb[], p_metadata jsonb[],
                                p_unique_keys bytea[], p_unique_states smallint[],
-                               p_ordering_keys text[])
+                               p_ordering_keys text[], p_notify boolean DEFAULT true)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 DECLARE
     cur record;
@@ -194,10 +194,11 @@ BEGIN
     )
     SELECT i.id FROM input i ORDER BY i.ord;
     -- The wake-up hint canonical sends (`awa:<queue>`), once per queue with a job due now,
-    -- delivered at commit.
+    -- delivered at commit. Not from a completion's transaction (p_notify false): a notifying
+    -- commit serializes with every other one, so completions wake the queues after they commit.
     PERFORM pg_notify(awa.queue_channel(w.q), '')
     FROM (SELECT DISTINCT t.q FROM unnest(p_queues, p_run_ats) AS t(q, r)
-          WHERE t.r IS NULL OR t.r <= now()) w;
+          WHERE p_notify AND (t.r IS NULL OR t.r <= now())) w;
 END $$;
 
 -- Claim up to p_n entries of a lane: lock the lane, confirm the stable point if its

@@ -175,8 +175,28 @@ impl QueueStorage {
         executor: E,
         jobs: &[&NewJob],
     ) -> Result<Vec<i64>> {
+        self.enqueue_with(executor, jobs, true).await
+    }
+
+    /// Insert follow-ups inside a completion's transaction: as [`QueueStorage::enqueue_refs`]
+    /// but without the NOTIFY (a notifying commit serializes with every other one); the
+    /// completion wakes their queues after it commits.
+    pub(crate) async fn enqueue_follow_ups<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        executor: E,
+        jobs: &[&NewJob],
+    ) -> Result<Vec<i64>> {
+        self.enqueue_with(executor, jobs, false).await
+    }
+
+    async fn enqueue_with<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        executor: E,
+        jobs: &[&NewJob],
+        notify: bool,
+    ) -> Result<Vec<i64>> {
         let sql = format!(
-            "SELECT * FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            "SELECT * FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
             self.name("qs_enqueue")
         );
         Ok(sqlx::query_scalar(&sql)
@@ -208,6 +228,7 @@ impl QueueStorage {
                     .map(|j| j.ordering_key.as_deref())
                     .collect::<Vec<_>>(),
             )
+            .bind(notify)
             .fetch_all(executor)
             .await?)
     }
