@@ -293,7 +293,7 @@ BAD: list[tuple[str, Any, dict[str, Any], type[BaseException], str]] = [
     ("descriptor_negative", [("default", 1)], {"descriptor_retention_days": -1.0}, ValueError,
      r"descriptor_retention_days is -1"),
     ("unknown_keyword", [("default", 1)], {"bogus_keyword": 1}, TypeError, r"unexpected keyword argument 'bogus_keyword'"),
-    ("queue_storage_keyword", [("default", 1)], {"queue_storage_schema": "x"}, TypeError, r"queue_storage_schema"),
+    ("queue_storage_schema_type", [("default", 1)], {"queue_storage_schema": 5}, TypeError, r"queue_storage_schema must be a str"),
 ]
 
 

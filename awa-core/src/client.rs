@@ -10,6 +10,7 @@ use crate::executor::{ClosureHandler, ErasedHandler, Worker, WorkerHandler};
 use crate::model::{EnqueueRequest, JobArgs, JobRow};
 use crate::specs::{SpecEvent, Specs};
 use crate::storage::descriptors::{self, Catalogue, Descriptor, Subject};
+use crate::storage::engine::Engine;
 use crate::storage::pool::Db;
 use crate::storage::{admin, callbacks};
 use std::any::TypeId;
@@ -282,6 +283,22 @@ impl Client {
             return Err(AwaError::Config("no queues configured".into()));
         }
         crate::storage::foreign::refuse_foreign(&self.inner.pool).await?;
+        // The engine this runtime works, decided once from its role and the transition state
+        // (`storage::transition`), unless the pool handle names one.
+        let pool = match self.inner.pool.engine() {
+            Engine::QueueStorage(_) => self.inner.pool.clone(),
+            Engine::Canonical => {
+                let config = &self.inner.config;
+                let engine = crate::storage::transition::runtime_engine(
+                    &self.inner.pool,
+                    config.transition_role,
+                    config.queue_storage_schema.as_deref(),
+                    config.queue_storage_slots,
+                )
+                .await?;
+                self.inner.pool.with_engine(engine)
+            }
+        };
         crate::cron::upsert(&self.inner.pool, &self.inner.periodic).await?;
         // Written before the runtime starts, so a start that returned has its catalogue rows.
         descriptors::sync(
@@ -296,7 +313,7 @@ impl Client {
             }
         }
         *running = Some(runtime::start(
-            self.inner.pool.clone(),
+            pool,
             self.inner.config.clone(),
             self.inner.queues.clone(),
             self.inner.handlers.clone(),
@@ -410,7 +427,7 @@ impl Client {
 
     /// Cancel a job (signals it when running).
     pub async fn cancel(&self, job_id: i64) -> Result<JobRow> {
-        admin::cancel(&self.inner.pool, job_id).await
+        crate::storage::routing::cancel(&self.inner.pool, job_id).await
     }
 
     // ----- periodic jobs (docs/periodic.md) -----

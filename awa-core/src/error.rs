@@ -75,6 +75,23 @@ pub enum AwaError {
     /// that is not a number, ...). The message names the part, never the URL.
     #[error("invalid database URL: {0}")]
     InvalidUrl(String),
+    /// A storage-transition step or a queue-storage install was refused in the state the
+    /// database is in (docs/storage-transition.md): the message is awa-pg's
+    /// ("storage finalize is only allowed from mixed_transition state", "cannot finalize while
+    /// canonical live backlog is 3", "cannot install queue storage while the worker runtime is
+    /// running"). Python raises `awa.AwaError`, as awa-pg does.
+    #[error("{0}")]
+    Storage(String),
+    /// A queue-storage setting was invalid (`invalid SQL identifier: Bad-Name`, `queue storage
+    /// requires at least 4 queue slots`, an unknown engine). Python raises
+    /// `awa.ValidationError`, as awa-pg does.
+    #[error("{0}")]
+    InvalidStorage(String),
+    /// A write reached an engine that no longer takes new jobs (SQLSTATE `AWR01`: canonical
+    /// after a finalize, a queue-storage schema after an abort). Routed inserts read the route
+    /// again and retry once; a caller's own transaction sees this error and may retry whole.
+    #[error("{0}")]
+    StorageRouteMoved(String),
     /// Any other database error. The message carries the server's text and, for an error the
     /// server reported, its SQLSTATE as `database error (SQLSTATE 42601): ...`.
     #[error("{}", database_message(.0))]
@@ -126,9 +143,31 @@ impl From<sqlx::Error> for AwaError {
                     detail: db.message().to_string(),
                 };
             }
+            // Raised by migration 12's storage functions and route guards.
+            match db.code().as_deref() {
+                Some("AWR01") => return AwaError::StorageRouteMoved(db.message().to_string()),
+                Some("55000") if is_storage_message(db.message()) => {
+                    return AwaError::Storage(db.message().to_string())
+                }
+                Some("22023") if is_storage_message(db.message()) => {
+                    return AwaError::InvalidStorage(db.message().to_string())
+                }
+                _ => {}
+            }
         }
         AwaError::Database(e)
     }
+}
+
+/// Whether a message is one of the storage-transition functions' own (migration 12), so a
+/// user's statement failing with the same generic SQLSTATE stays a database error.
+fn is_storage_message(message: &str) -> bool {
+    message.starts_with("storage ")
+        || message.starts_with("cannot enter mixed transition")
+        || message.starts_with("cannot finalize")
+        || message.starts_with("cannot abort mixed transition")
+        || message.starts_with("queue storage schema")
+        || message.starts_with("unknown storage engine")
 }
 
 /// Whether PostgreSQL's "does not exist" message names an object of Awa's own schema:

@@ -42,7 +42,9 @@ async fn setup(engine: &str) -> (TestDb, awa_core::Db) {
         "canonical" => db.pool.clone(),
         _ => {
             let qs = QueueStorage::new("awa", 16, 8).expect("queue storage config");
-            qs.install(&db.pool).await.expect("install queue storage");
+            awa_core::storage::transition::install_queue_storage(&db.pool, &qs, false)
+                .await
+                .expect("install queue storage");
             db.pool.with_engine(Engine::QueueStorage(Arc::new(qs)))
         }
     };

@@ -10,7 +10,7 @@ use crate::errors::IntoPyResult;
 use crate::transaction::NativeTransaction;
 use awa_core::model::{UntypedOpts, UntypedRequest};
 use awa_core::storage::pool::{ConnectTarget, Db};
-use awa_core::storage::{admin, batch_ops, callbacks, dlq};
+use awa_core::storage::{admin, batch_ops, callbacks, dlq, routing, transition};
 use awa_core::{AwaError, JobFilter, JobRow, JobState, NewJob};
 use pyo3::prelude::*;
 use std::sync::Arc;
@@ -96,18 +96,18 @@ impl Copied {
         })
     }
 
-    /// Run the COPY on `conn` (a pooled connection or a caller's transaction).
+    /// Run the COPY on `conn` (a pooled connection or a caller's transaction), on the engine
+    /// new jobs go to (`awa_core::storage::routing`).
     pub(crate) async fn copy(
         conn: &mut sqlx::PgConnection,
+        db: &awa_core::Db,
         jobs: &[NewJob],
         returning: bool,
     ) -> Result<Copied, AwaError> {
-        if returning {
-            let rows = awa_core::insert_many_copy_returning(conn, jobs).await?;
-            Ok(Copied::Rows(serde_json::to_string(&rows)?))
-        } else {
-            Ok(Copied::Count(awa_core::insert_many_copy(conn, jobs).await?))
-        }
+        Ok(match routing::copy_in(conn, db, jobs, returning).await? {
+            routing::Copied::Rows(rows) => Copied::Rows(serde_json::to_string(&rows)?),
+            routing::Copied::Count(n) => Copied::Count(n),
+        })
     }
 }
 
@@ -347,7 +347,7 @@ impl NativeClient {
         let jobs = parse_requests(&requests)?;
         let pool = self.pool.clone();
         self.spawn(py, async move {
-            let rows = awa_core::insert_jobs(&pool, &jobs).await.py_err()?;
+            let rows = routing::insert_jobs(&pool, &jobs).await.py_err()?;
             jobs_json(&rows)
         })
     }
@@ -375,7 +375,7 @@ impl NativeClient {
                 // In a transaction: all or nothing either way, and through PgBouncer in
                 // transaction mode every statement needs one (see awa_core's `Db`).
                 let mut tx = pool.begin().await?;
-                let copied = Copied::copy(&mut tx, &jobs, returning).await?;
+                let copied = Copied::copy(&mut tx, &pool, &jobs, returning).await?;
                 tx.commit().await?;
                 Ok(copied)
             }))
@@ -386,7 +386,7 @@ impl NativeClient {
     fn get_job<'py>(&self, py: Python<'py>, job_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
         self.spawn(py, async move {
-            let job = awa_core::get_job(&pool, job_id).await.py_err()?;
+            let job = routing::get_job(&pool, job_id).await.py_err()?;
             job_json(&job)
         })
     }
@@ -412,7 +412,7 @@ impl NativeClient {
         };
         let pool = self.pool.clone();
         self.spawn(py, async move {
-            let jobs = awa_core::list_jobs(&pool, &filter).await.py_err()?;
+            let jobs = routing::list_jobs(&pool, &filter).await.py_err()?;
             jobs_json(&jobs)
         })
     }
@@ -422,7 +422,7 @@ impl NativeClient {
         let pool = self.pool.clone();
         self.spawn(py, async move {
             let tx = pool.begin().await.map_err(AwaError::from).py_err()?;
-            Ok(NativeTransaction::new(tx))
+            Ok(NativeTransaction::new(tx, pool))
         })
     }
 
@@ -494,7 +494,73 @@ impl NativeClient {
 
     fn cancel<'py>(&self, py: Python<'py>, job_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        self.json_future(py, async move { admin::cancel(&pool, job_id).await })
+        self.json_future(py, async move { routing::cancel(&pool, job_id).await })
+    }
+
+    /// Install queue storage and route every new job to it (awa-pg's
+    /// `install_queue_storage`); `awa_core::storage::transition::install_queue_storage`.
+    #[pyo3(signature = (schema, queue_slot_count, lease_slot_count, reset))]
+    fn install_queue_storage<'py>(
+        &self,
+        py: Python<'py>,
+        schema: String,
+        queue_slot_count: i64,
+        lease_slot_count: i64,
+        reset: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let qs = queue_storage_config(&schema, queue_slot_count, lease_slot_count)?;
+        let pool = self.pool.clone();
+        self.spawn(py, async move {
+            transition::install_queue_storage(&pool, &qs, reset)
+                .await
+                .py_err()
+        })
+    }
+
+    /// Install the queue-storage substrate without routing to it (the first step of a live
+    /// transition; awa-pg's `prepare_queue_storage_schema`).
+    #[pyo3(signature = (schema, queue_slot_count, lease_slot_count))]
+    fn prepare_queue_storage_schema<'py>(
+        &self,
+        py: Python<'py>,
+        schema: String,
+        queue_slot_count: i64,
+        lease_slot_count: i64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let qs = queue_storage_config(&schema, queue_slot_count, lease_slot_count)?;
+        let pool = self.pool.clone();
+        self.spawn(py, async move {
+            transition::prepare_queue_storage_schema(&pool, &qs)
+                .await
+                .py_err()
+        })
+    }
+
+    /// The storage status as a JSON object (text).
+    fn storage_status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let pool = self.pool.clone();
+        self.spawn(py, async move {
+            let status = transition::status(&pool).await.py_err()?;
+            Ok(status.to_string())
+        })
+    }
+
+    /// One transition step (`prepare`, `enter_mixed_transition`, `finalize`, `abort`); the
+    /// state after it as a JSON object (text).
+    #[pyo3(signature = (action, schema = None))]
+    fn storage_transition<'py>(
+        &self,
+        py: Python<'py>,
+        action: String,
+        schema: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let pool = self.pool.clone();
+        self.spawn(py, async move {
+            let state = transition::step(&pool, &action, schema.as_deref())
+                .await
+                .py_err()?;
+            Ok(state.to_string())
+        })
     }
 
     /// Cancel the unfinished job holding the key the request (JSON) would have.
@@ -1002,4 +1068,14 @@ impl NativeClient {
             Ok(())
         })
     }
+}
+
+/// A queue-storage handle from Python's arguments, refused with awa-pg's messages.
+fn queue_storage_config(
+    schema: &str,
+    queue_slots: i64,
+    lease_slots: i64,
+) -> PyResult<awa_core::storage::queue_storage::QueueStorage> {
+    let clamp = |n: i64| u32::try_from(n.max(0)).unwrap_or(u32::MAX);
+    transition::queue_storage(schema, clamp(queue_slots), clamp(lease_slots)).py_err()
 }

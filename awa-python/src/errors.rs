@@ -88,7 +88,9 @@ create_exception!(awa, JobNotFound, AwaError, "No job has this id.");
 pub fn to_py(e: CoreError) -> PyErr {
     let msg = e.to_string();
     match e {
-        CoreError::Validation(_) | CoreError::BatchOperation(_) => ValidationError::new_err(msg),
+        CoreError::Validation(_) | CoreError::BatchOperation(_) | CoreError::InvalidStorage(_) => {
+            ValidationError::new_err(msg)
+        }
         CoreError::Config(_) => ConfigError::new_err(msg),
         CoreError::Serialization(_) => SerializationError::new_err(msg),
         CoreError::UniqueConflict { .. } => UniqueConflict::new_err(msg),
@@ -102,7 +104,9 @@ pub fn to_py(e: CoreError) -> PyErr {
         CoreError::Database(_) | CoreError::Connect(_) | CoreError::InvalidUrl(_) => {
             DatabaseError::new_err(msg)
         }
-        CoreError::State(_) => AwaError::new_err(msg),
+        CoreError::State(_) | CoreError::Storage(_) | CoreError::StorageRouteMoved(_) => {
+            AwaError::new_err(msg)
+        }
         // AwaError is non-exhaustive: anything newer is still an AwaError.
         _ => AwaError::new_err(msg),
     }

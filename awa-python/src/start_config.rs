@@ -39,6 +39,21 @@ pub(crate) struct StartConfig {
     /// `job_kind_descriptor(...)` declarations, by kind.
     #[serde(default)]
     pub(crate) job_kind_descriptors: BTreeMap<String, Descriptor>,
+    #[serde(default)]
+    queue_storage: Option<QueueStorageStart>,
+}
+
+/// `start()`'s `queue_storage_*` and `storage_transition_role` keywords (checked by the
+/// package; counts and intervals again here).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QueueStorageStart {
+    schema: Option<String>,
+    queue_slot_count: f64,
+    lease_slot_count: f64,
+    queue_rotate_interval_ms: f64,
+    lease_rotate_interval_ms: f64,
+    transition_role: Option<String>,
 }
 
 /// One queue: `max_workers` (hard-reserved) or `min_workers` + `weight` (weighted).
@@ -111,6 +126,28 @@ pub(crate) fn runtime_config(cfg: &StartConfig) -> Result<RuntimeConfig, AwaErro
     }
     if let Some(n) = cfg.cleanup_batch_size {
         rc.cleanup_batch = setting_count("cleanup_batch_size", n)?;
+    }
+    if let Some(qs) = &cfg.queue_storage {
+        let slots = |field: &str, v: f64| -> Result<u32, AwaError> {
+            let n = setting_count(field, v)?;
+            Ok(u32::try_from(n).unwrap_or(u32::MAX))
+        };
+        rc.queue_storage_slots = (
+            slots("queue_storage_queue_slot_count", qs.queue_slot_count)?,
+            slots("queue_storage_lease_slot_count", qs.lease_slot_count)?,
+        );
+        rc.queue_rotate_interval = setting_millis(
+            "queue_storage_queue_rotate_interval_ms",
+            qs.queue_rotate_interval_ms,
+        )?;
+        rc.lease_rotate_interval = setting_millis(
+            "queue_storage_lease_rotate_interval_ms",
+            qs.lease_rotate_interval_ms,
+        )?;
+        rc.queue_storage_schema = qs.schema.clone();
+        if let Some(role) = &qs.transition_role {
+            rc.transition_role = awa_core::storage::transition::TransitionRole::parse(role)?;
+        }
     }
     if let Some(days) = cfg.descriptor_retention_days {
         let days = check_setting("descriptor_retention_days", days)?;

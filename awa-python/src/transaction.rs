@@ -16,6 +16,7 @@ use crate::bridge;
 use crate::client::{jobs_json, join, parse_requests, Copied, CopyBatch};
 use crate::convert::{decode_row, row_to_dict, rows_to_py, Param};
 use crate::errors::{AwaError as AwaErrorPy, DatabaseError, IntoPyResult};
+use awa_core::storage::routing;
 use awa_core::{AwaError, NewJob};
 use pyo3::prelude::*;
 use sqlx::{Connection, PgConnection, Postgres, Transaction};
@@ -94,15 +95,18 @@ type Slot = Arc<Mutex<TxState>>;
 #[pyclass(module = "awa._awa")]
 pub struct NativeTransaction {
     state: Slot,
+    /// The client's pool handle: where inserts go (`awa_core::storage::routing`).
+    db: awa_core::Db,
 }
 
 impl NativeTransaction {
-    pub fn new(tx: Transaction<'static, Postgres>) -> Self {
+    pub fn new(tx: Transaction<'static, Postgres>, db: awa_core::Db) -> Self {
         NativeTransaction {
             state: Arc::new(Mutex::new(TxState {
                 tx: Some(tx),
                 failure: None,
             })),
+            db,
         }
     }
 }
@@ -141,14 +145,17 @@ enum Inserted {
 
 async fn insert_once(
     conn: &mut PgConnection,
+    db: &awa_core::Db,
     jobs: &[NewJob],
     how: InsertHow,
 ) -> Result<Inserted, AwaError> {
     match how {
-        InsertHow::Rows => Ok(Inserted::Rows(awa_core::insert_jobs(conn, jobs).await?)),
-        InsertHow::Copy { returning } => {
-            Ok(Inserted::Copied(Copied::copy(conn, jobs, returning).await?))
-        }
+        InsertHow::Rows => Ok(Inserted::Rows(
+            routing::insert_jobs_in(conn, db, jobs).await?,
+        )),
+        InsertHow::Copy { returning } => Ok(Inserted::Copied(
+            Copied::copy(conn, db, jobs, returning).await?,
+        )),
     }
 }
 
@@ -156,14 +163,15 @@ async fn insert_once(
 /// that a `UniqueConflict` rolls back to (leaving the transaction usable).
 async fn insert_guarded(
     conn: &mut PgConnection,
+    db: &awa_core::Db,
     jobs: &[NewJob],
     how: InsertHow,
 ) -> Result<Inserted, AwaError> {
     if !jobs.iter().any(|j| j.unique_key.is_some()) {
-        return insert_once(conn, jobs, how).await;
+        return insert_once(conn, db, jobs, how).await;
     }
     let mut savepoint = conn.begin().await?;
-    match insert_once(&mut savepoint, jobs, how).await {
+    match insert_once(&mut savepoint, db, jobs, how).await {
         Ok(value) => {
             savepoint.commit().await?;
             Ok(value)
@@ -280,10 +288,11 @@ impl NativeTransaction {
     ) -> PyResult<Bound<'py, PyAny>> {
         let jobs = parse_requests(&requests)?;
         let slot = self.state.clone();
+        let db = self.db.clone();
         bridge::spawn(py, async move {
             let mut guard = slot.lock().await;
             let tx = guard.tx.as_mut().ok_or_else(closed)?;
-            let result = insert_guarded(tx, &jobs, InsertHow::Rows).await;
+            let result = insert_guarded(tx, &db, &jobs, InsertHow::Rows).await;
             match guard.note_insert(result).py_err()? {
                 Inserted::Rows(rows) => jobs_json(&rows),
                 Inserted::Copied(_) => Err(AwaErrorPy::new_err("insert returned no rows")),
@@ -303,6 +312,7 @@ impl NativeTransaction {
     ) -> PyResult<Bound<'py, PyAny>> {
         let batch = CopyBatch::new(kinds, args_json, options_json, own_options);
         let slot = self.state.clone();
+        let db = self.db.clone();
         bridge::spawn(py, async move {
             join(tokio::spawn(async move {
                 let jobs = batch.into_jobs()?;
@@ -311,7 +321,7 @@ impl NativeTransaction {
                 if jobs.is_empty() {
                     return Copied::empty(returning);
                 }
-                let result = insert_guarded(tx, &jobs, InsertHow::Copy { returning }).await;
+                let result = insert_guarded(tx, &db, &jobs, InsertHow::Copy { returning }).await;
                 match guard.note_insert(result)? {
                     Inserted::Copied(copied) => Ok(copied),
                     Inserted::Rows(_) => Err(AwaError::State("COPY returned rows".into())),

@@ -314,6 +314,34 @@ def cmd_cron(args: argparse.Namespace) -> int:
     return run_with_client(args, body)
 
 
+def cmd_storage(args: argparse.Namespace) -> int:
+    """The storage engine and the live transition to queue storage (docs/storage-transition.md)."""
+    out = sys.stdout
+
+    async def body(ops: Ops) -> int:
+        native = ops.native
+        if args.storage_cmd == "status":
+            status = json.loads(await native.storage_status())
+            out.write(json.dumps(status, indent=None if args.json else 2) + "\n")
+            return 0
+        if args.storage_cmd == "prepare-queue-storage-schema":
+            await native.prepare_queue_storage_schema(args.schema, args.queue_slot_count, args.lease_slot_count)
+            state = {"prepared_schema": args.schema}
+        else:
+            action = args.storage_cmd.replace("-", "_")
+            state = json.loads(await native.storage_transition(action, getattr(args, "schema", None)))
+        if args.json:
+            emit_json(state, out)
+        elif "state" in state:
+            out.write(f"storage state: {state['state']} (active engine {state['active_engine']}, "
+                      f"epoch {state['transition_epoch']})\n")
+        else:
+            out.write(f"queue storage schema {args.schema!r} is installed\n")
+        return 0
+
+    return run_with_client(args, body)
+
+
 def _need_filter(args: argparse.Namespace, what: str, names: Sequence[str]) -> None:
     given = any(getattr(args, n, None) for n in names)
     if given and args.all:
@@ -563,6 +591,21 @@ def build_parser() -> argparse.ArgumentParser:
     mv.add_argument("--all", action="store_true", help="every failed job (needed when no filter is given)")
     mv.add_argument("--reason", default="moved by awa dlq move")
     dlq.set_defaults(run=cmd_dlq)
+
+    storage = leaf(sub, "storage", "The storage engine and the live move from canonical to queue storage.")
+    ss = storage.add_subparsers(dest="storage_cmd", metavar="SUBCOMMAND", parser_class=_Parser)
+    ss.required = True
+    leaf(ss, "status", "The transition state, the canonical backlog, live runtimes and what blocks the next step.")
+    sp = leaf(ss, "prepare", "Name the queue-storage schema to move to; new jobs stay on canonical.")
+    sp.add_argument("--schema", default="awa", help="queue-storage schema (default awa)")
+    sps = leaf(ss, "prepare-queue-storage-schema", "Install queue storage's tables in a schema without routing to it.")
+    sps.add_argument("--schema", default="awa", help="queue-storage schema (default awa)")
+    sps.add_argument("--queue-slot-count", type=_positive, default=16, help="queue ring slots (default 16)")
+    sps.add_argument("--lease-slot-count", type=_positive, default=8, help="lease ring slots (default 8)")
+    leaf(ss, "enter-mixed-transition", "Route new jobs to queue storage; earlier runtimes drain canonical.")
+    leaf(ss, "finalize", "Make queue storage the only engine (canonical must hold no live job).")
+    leaf(ss, "abort", "Go back to canonical (from mixed only while queue storage is empty and unworked).")
+    storage.set_defaults(run=cmd_storage)
 
     serve = leaf(sub, "serve", "Serve the web UI, the JSON API (/api), /metrics, /healthz and /readyz.")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")

@@ -39,7 +39,7 @@ from ._results import (
     retry_failed_result_from_dict,
 )
 from ._worker import Pump, TaskSpec
-from ._worker_config import start_config
+from ._worker_config import queue_storage_config, start_config
 
 __all__ = ["AsyncClient", "Client", "Transaction", "SyncTransaction"]
 
@@ -298,6 +298,61 @@ class AsyncClient:
         """Create or upgrade the ``awa`` schema. Idempotent; safe to run concurrently."""
         await self._native.migrate()
 
+    async def install_queue_storage(
+        self,
+        *,
+        schema: str = "awa",
+        queue_slot_count: int = 16,
+        lease_slot_count: int = 8,
+        reset: bool = False,
+    ) -> None:
+        """Install queue storage in ``schema`` and make it the engine of every new job at once
+        (docs/storage-transition.md). For a fresh database or a test; a database whose canonical engine
+        still holds live jobs is refused (``awa.AwaError``) and moves with the live transition
+        instead. Installing where it is installed changes nothing; ``reset=True`` first drops
+        the schema's queue-storage tables and every job in them (canonical's tables are kept).
+        Refused while this client's worker runtime is running. A bad schema name or slot count
+        raises ``awa.ValidationError``."""
+        if self._pump is not None:
+            raise _awa.AwaError("cannot install queue storage while the worker runtime is running")
+        await self._native.install_queue_storage(schema, queue_slot_count, lease_slot_count, reset)
+
+    async def prepare_queue_storage_schema(
+        self,
+        *,
+        schema: str = "awa",
+        queue_slot_count: int = 16,
+        lease_slot_count: int = 8,
+    ) -> None:
+        """Install queue storage's tables and functions in ``schema`` without changing where
+        new jobs go: a step of the live transition (docs/storage-transition.md)."""
+        await self._native.prepare_queue_storage_schema(schema, queue_slot_count, lease_slot_count)
+
+    async def storage_status(self) -> str:
+        """The storage state as pretty JSON: the state row, the canonical backlog, live
+        runtimes by capability, and whether the next transition step may run now and what
+        blocks it (awa-pg's report)."""
+        return json.dumps(json.loads(await self._native.storage_status()), indent=2)
+
+    async def storage_prepare(self, *, schema: str = "awa") -> dict[str, Any]:
+        """Start a transition to queue storage in ``schema``; writes stay on canonical
+        (``awa.storage_prepare``). Returns the state after the step."""
+        return dict(json.loads(await self._native.storage_transition("prepare", schema)))
+
+    async def storage_enter_mixed_transition(self) -> dict[str, Any]:
+        """Route new jobs to queue storage; runtimes started earlier drain canonical. Needs a
+        live ``queue_storage_target`` runtime (``awa.AwaError`` says what blocks it)."""
+        return dict(json.loads(await self._native.storage_transition("enter_mixed_transition")))
+
+    async def storage_finalize(self) -> dict[str, Any]:
+        """Make queue storage the only engine, once canonical holds no live job."""
+        return dict(json.loads(await self._native.storage_transition("finalize")))
+
+    async def storage_abort(self) -> dict[str, Any]:
+        """Go back to canonical from ``prepared``, or from ``mixed_transition`` while queue
+        storage holds nothing live and no runtime works it."""
+        return dict(json.loads(await self._native.storage_transition("abort")))
+
     async def insert(
         self,
         args: Any,
@@ -492,6 +547,15 @@ class AsyncClient:
         claim_batch: Optional[int] = None,
         completion_batch: Optional[int] = None,
         batch_follow_ups: Optional[bool] = None,
+        queue_storage_schema: Optional[str] = None,
+        queue_storage_queue_slot_count: int = 16,
+        queue_storage_lease_slot_count: int = 8,
+        queue_storage_claim_slot_count: int = 8,
+        queue_storage_queue_stripe_count: int = 1,
+        queue_storage_queue_rotate_interval_ms: int = 1000,
+        queue_storage_lease_rotate_interval_ms: int = 250,
+        queue_storage_claim_rotate_interval_ms: Optional[int] = None,
+        storage_transition_role: Optional[str] = None,
     ) -> None:
         """Start working ``queues``; handlers run on this loop. See docs/workers.md.
 
@@ -518,7 +582,17 @@ class AsyncClient:
         ``batch_follow_ups`` (an addition to awa-pg's ``start()``; default ``True``): completions
         that insert follow-ups commit many per transaction with the rest of their batch; ``False``
         gives each its own transaction. Both keep every guarantee of staged follow-ups
-        (docs/follow-ups.md, "How they are inserted")."""
+        (docs/follow-ups.md, "How they are inserted").
+
+        The engine this runtime works is decided once, here, from ``storage_transition_role``
+        and the database's storage state (docs/storage-transition.md): ``"auto"`` (the default) works
+        canonical until a transition routes new jobs to queue storage, then queue storage;
+        ``"canonical_drain"`` keeps draining canonical; ``"queue_storage_target"`` works queue
+        storage at once (installing ``queue_storage_schema`` with the slot counts if missing).
+        ``queue_storage_schema`` must match the state's schema when given (else
+        ``awa.ValidationError``). The rotate intervals set how often the maintenance leader
+        moves the rings on; the claim-slot, stripe and claim-rotate settings are checked and
+        have no effect (this engine has no claim ring or stripes)."""
         if self._pump is not None:
             raise _awa.AwaError("worker runtime is already running")
         if not self._tasks:
@@ -546,6 +620,21 @@ class AsyncClient:
                 "claim_batch": claim_batch,
                 "completion_batch": completion_batch,
             },
+        )
+        config["queue_storage"] = queue_storage_config(
+            queue_storage_schema,
+            {
+                "queue_storage_queue_slot_count": queue_storage_queue_slot_count,
+                "queue_storage_lease_slot_count": queue_storage_lease_slot_count,
+                "queue_storage_claim_slot_count": queue_storage_claim_slot_count,
+                "queue_storage_queue_stripe_count": queue_storage_queue_stripe_count,
+            },
+            {
+                "queue_storage_queue_rotate_interval_ms": queue_storage_queue_rotate_interval_ms,
+                "queue_storage_lease_rotate_interval_ms": queue_storage_lease_rotate_interval_ms,
+                "queue_storage_claim_rotate_interval_ms": queue_storage_claim_rotate_interval_ms,
+            },
+            storage_transition_role,
         )
         config["queue_descriptors"] = self._descriptors["queue"]
         config["job_kind_descriptors"] = self._descriptors["kind"]
@@ -1229,6 +1318,51 @@ class Client:
 
     def migrate(self) -> None:
         self._run(self._async.migrate())
+
+    def install_queue_storage(
+        self,
+        *,
+        schema: str = "awa",
+        queue_slot_count: int = 16,
+        lease_slot_count: int = 8,
+        reset: bool = False,
+    ) -> None:
+        self._run(
+            self._async.install_queue_storage(
+                schema=schema,
+                queue_slot_count=queue_slot_count,
+                lease_slot_count=lease_slot_count,
+                reset=reset,
+            )
+        )
+
+    def prepare_queue_storage_schema(
+        self,
+        *,
+        schema: str = "awa",
+        queue_slot_count: int = 16,
+        lease_slot_count: int = 8,
+    ) -> None:
+        self._run(
+            self._async.prepare_queue_storage_schema(
+                schema=schema, queue_slot_count=queue_slot_count, lease_slot_count=lease_slot_count
+            )
+        )
+
+    def storage_status(self) -> str:
+        return self._run(self._async.storage_status())
+
+    def storage_prepare(self, *, schema: str = "awa") -> dict[str, Any]:
+        return self._run(self._async.storage_prepare(schema=schema))
+
+    def storage_enter_mixed_transition(self) -> dict[str, Any]:
+        return self._run(self._async.storage_enter_mixed_transition())
+
+    def storage_finalize(self) -> dict[str, Any]:
+        return self._run(self._async.storage_finalize())
+
+    def storage_abort(self) -> dict[str, Any]:
+        return self._run(self._async.storage_abort())
 
     def insert(
         self,

@@ -215,3 +215,41 @@ def start_config(
         # Days; 0 keeps descriptors for good (awa-pg's meaning).
         out["descriptor_retention_days"] = _keyword("descriptor_retention_days", settings["descriptor_retention_days"])
     return out
+
+
+#: ``storage_transition_role`` values (awa-pg's).
+TRANSITION_ROLES = ("auto", "canonical_drain", "queue_storage_target")
+
+
+def queue_storage_config(
+    schema: Optional[str],
+    counts: Mapping[str, Any],
+    intervals: Mapping[str, Any],
+    role: Optional[str],
+) -> dict[str, Any]:
+    """``start()``'s ``queue_storage_*`` keywords and ``storage_transition_role``, checked
+    (docs/storage-transition.md). A count or interval that is not positive raises ``awa.ConfigError``
+    (a ``ValueError``) with awa-pg's message; the claim-ring and stripe settings are checked
+    and have no effect (this engine has neither; docs/queue-storage-design.md)."""
+    checked: dict[str, float] = {}
+    for key, value in [*counts.items(), *intervals.items()]:
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise _error(f"{key} must be > 0")
+        checked[key] = _keyword(key, value)
+    if schema is not None and not isinstance(schema, str):
+        raise TypeError(f"queue_storage_schema must be a str or None (got {type(schema).__name__})")
+    if role is not None and role not in TRANSITION_ROLES:
+        raise _error(
+            "storage_transition_role must be one of 'auto', 'canonical_drain', or "
+            f"'queue_storage_target' (got {role!r})"
+        )
+    return {
+        "schema": schema,
+        "queue_slot_count": checked["queue_storage_queue_slot_count"],
+        "lease_slot_count": checked["queue_storage_lease_slot_count"],
+        "queue_rotate_interval_ms": checked["queue_storage_queue_rotate_interval_ms"],
+        "lease_rotate_interval_ms": checked["queue_storage_lease_rotate_interval_ms"],
+        "transition_role": role,
+    }

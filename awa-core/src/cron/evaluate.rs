@@ -12,7 +12,6 @@ use super::fault::{check, CronPoint};
 use super::schedule::Schedule;
 use super::storage::{CronJobRow, MissedFirePolicy, ROW_COLUMNS};
 use crate::error::Result;
-use crate::storage::insert::insert_jobs;
 use crate::storage::pool::Db;
 use chrono::{DateTime, Utc};
 use std::time::{Duration, Instant};
@@ -150,7 +149,7 @@ async fn evaluate_one(pool: &Db, row: &CronJobRow, now: DateTime<Utc>) -> Result
         tx.rollback().await?;
         return Ok(0);
     }
-    insert_jobs(&mut *tx, &jobs).await?;
+    crate::storage::routing::insert_jobs_in(&mut tx, pool, &jobs).await?;
     check(CronPoint::BeforeCommit, &row.name)?;
     tx.commit().await?;
     check(CronPoint::AfterCommit, &row.name)?;

@@ -5,7 +5,6 @@ use super::schedule::{Schedule, ScheduleError};
 use crate::error::{AwaError, Result};
 use crate::model::validate::{validate, NewJob, MAX_NAME_CHARS};
 use crate::model::{InsertOpts, JobArgs, JobRow};
-use crate::storage::insert::insert_jobs;
 use crate::storage::pool::Db;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -322,6 +321,6 @@ pub async fn trigger(pool: &Db, name: &str) -> Result<Option<JobRow>> {
         return Ok(None);
     };
     let job = row.job_for(Utc::now(), true)?;
-    let mut rows = insert_jobs(pool, std::slice::from_ref(&job)).await?;
+    let mut rows = crate::storage::routing::insert_jobs(pool, std::slice::from_ref(&job)).await?;
     Ok(rows.pop())
 }

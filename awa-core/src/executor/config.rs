@@ -149,6 +149,16 @@ pub struct RuntimeConfig {
     /// How long a queue or kind descriptor may go unrefreshed before the maintenance leader
     /// deletes it (`descriptor_retention_days`); `None` keeps them (awa-pg's `0`).
     pub descriptor_retention: Option<Duration>,
+    /// How this runtime takes part in a storage transition (`storage_transition_role`;
+    /// `storage::transition`): it decides, with the transition state, the engine the runtime
+    /// works. Ignored when the pool handle already names an engine (`Db::with_engine`).
+    pub transition_role: crate::storage::transition::TransitionRole,
+    /// The queue-storage schema this runtime expects (`queue_storage_schema`); `None` takes
+    /// the transition state's. A mismatch refuses to start.
+    pub queue_storage_schema: Option<String>,
+    /// Queue and lease slot counts a `queue_storage_target` runtime installs a missing schema
+    /// with (`queue_storage_queue_slot_count`, `queue_storage_lease_slot_count`: 16 and 8).
+    pub queue_storage_slots: (u32, u32),
 }
 
 impl Default for RuntimeConfig {
@@ -178,6 +188,9 @@ impl Default for RuntimeConfig {
             lease_rotate_interval: Duration::from_millis(50),
             // awa-pg's default: 30 days.
             descriptor_retention: Some(Duration::from_secs(30 * 24 * 3600)),
+            transition_role: crate::storage::transition::TransitionRole::Auto,
+            queue_storage_schema: None,
+            queue_storage_slots: (16, 8),
         }
     }
 }
@@ -228,7 +241,21 @@ pub fn setting_range(field: &str) -> Option<SettingRange> {
         | "deadline_ms"
         | "deadline_duration_ms"
         | "priority_aging_interval_ms"
-        | "terminal_count_rollup_interval_ms" => INTERVAL,
+        | "terminal_count_rollup_interval_ms"
+        | "queue_storage_queue_rotate_interval_ms"
+        | "queue_storage_lease_rotate_interval_ms"
+        | "queue_storage_claim_rotate_interval_ms" => INTERVAL,
+        // Ring sizes: at most 256 slots each (storage::queue_storage); the lower bounds of
+        // awa-pg (4 queue slots, 2 lease slots) are checked when the schema is installed.
+        "queue_storage_queue_slot_count"
+        | "queue_storage_lease_slot_count"
+        | "queue_storage_claim_slot_count"
+        | "queue_storage_queue_stripe_count" => SettingRange {
+            min: 1.0,
+            max: 256.0,
+            unit: "",
+            integral: true,
+        },
         // 0 stops at once, cancelling running handlers.
         "timeout_ms" => SettingRange {
             min: 0.0,

@@ -67,8 +67,11 @@ pub(crate) fn registration(
     queues: &HashMap<String, QueueConfig>,
     interval: Duration,
     catalogue: &Catalogue,
+    (storage_capability, transition_role): (&'static str, &'static str),
 ) -> Registration {
     Registration {
+        storage_capability,
+        transition_role,
         hostname: hostname(),
         pid: i32::try_from(std::process::id()).unwrap_or(i32::MAX),
         version: env!("CARGO_PKG_VERSION").to_string(),

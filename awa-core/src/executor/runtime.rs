@@ -133,7 +133,15 @@ pub(crate) fn start(
     ];
     background.push(tokio::spawn(super::registry::run(
         shared.pool.clone(),
-        super::registry::registration(&shared.queues, shared.config.heartbeat_interval, &catalogue),
+        super::registry::registration(
+            &shared.queues,
+            shared.config.heartbeat_interval,
+            &catalogue,
+            (
+                crate::storage::transition::capability(shared.pool.engine()),
+                shared.config.transition_role.as_str(),
+            ),
+        ),
         catalogue,
         shared.instance.clone(),
         shared.is_leader.clone(),

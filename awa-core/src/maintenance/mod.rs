@@ -1,5 +1,5 @@
-//! The maintenance leader: one client per database, elected with an advisory lock held on a
-//! dedicated connection. When that connection (or its process) dies, Postgres releases the
+//! The maintenance leader: one client per database and engine, elected with an advisory lock
+//! held on a dedicated connection. When that connection (or its process) dies, Postgres releases the
 //! lock and another client's next election attempt takes over.
 //!
 //! On a session connection (PostgreSQL directly) the lock is a session lock. Behind PgBouncer
@@ -89,8 +89,14 @@ async fn try_lead(pool: &Db, url: Option<&str>) -> crate::error::Result<Option<L
             "SELECT pg_try_advisory_xact_lock($1)"
         }
     };
+    // One leader per engine: during a storage transition canonical's leader promotes and
+    // rescues its jobs while queue storage's rotates its rings (both write only their own).
+    let key = match pool.engine() {
+        Engine::Canonical => LEADER_LOCK,
+        Engine::QueueStorage(_) => LEADER_LOCK + 1,
+    };
     let got: bool = sqlx::query_scalar(lock)
-        .bind(LEADER_LOCK)
+        .bind(key)
         .fetch_one(&mut conn)
         .await?;
     if got {

@@ -55,6 +55,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         include_str!("../../migrations/0010_batch_operations.sql"),
     ),
     (11, include_str!("../../migrations/0011_descriptors.sql")),
+    (
+        12,
+        include_str!("../../migrations/0012_storage_transition.sql"),
+    ),
 ];
 
 /// The first version with `awa.pending_steps`.

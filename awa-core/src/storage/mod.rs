@@ -15,7 +15,9 @@ pub mod key_rewrite;
 pub mod migrations;
 pub mod pool;
 pub mod queue_storage;
+pub mod routing;
 pub mod runtime_instances;
+pub mod transition;
 
 /// Send the wake-up hint (`awa:<queue>` NOTIFY) for each queue; listeners re-claim at once,
 /// pollers find the jobs anyway.

@@ -316,6 +316,8 @@ pub struct Db {
     target: Arc<ConnectTarget>,
     /// The storage engine the runtime's statements go to (see [`crate::storage::engine`]).
     engine: Engine,
+    /// Where new jobs go, as last read (see [`crate::storage::routing`]); shared by clones.
+    route: Arc<crate::storage::routing::RouteCache>,
 }
 
 impl From<PgPool> for Db {
@@ -336,6 +338,7 @@ impl Db {
             pool,
             target: Arc::new(target),
             engine: Engine::Canonical,
+            route: Arc::default(),
         }
     }
 
@@ -351,6 +354,10 @@ impl Db {
     /// The storage engine this handle's runtime statements go to.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    pub(crate) fn route_cache(&self) -> &crate::storage::routing::RouteCache {
+        &self.route
     }
 
     /// A pool built by the caller, used in `mode` (the caller's options should then have the

@@ -31,6 +31,10 @@ pub(crate) struct Registration {
     /// (`storage::descriptors`), so the API can flag live clients that disagree.
     pub queue_descriptor_hashes: serde_json::Value,
     pub job_kind_descriptor_hashes: serde_json::Value,
+    /// The engine it works, as `storage::transition::capability` names it.
+    pub storage_capability: &'static str,
+    /// Its `storage_transition_role`.
+    pub transition_role: &'static str,
 }
 
 /// One row of the registry, as [`list`] reads it.
@@ -49,6 +53,10 @@ pub struct RuntimeInstance {
     /// Not refreshed for [`STALE_INTERVALS`] intervals (and [`MIN_STALE`]): the client is most
     /// likely gone; the next prune deletes the row.
     pub stale: bool,
+    /// The engine it works (`queue_storage`, `canonical_drain_only`; `canonical` for a client
+    /// that knows nothing of storage transitions) and its `storage_transition_role`.
+    pub storage_capability: String,
+    pub transition_role: String,
 }
 
 /// Milliseconds, at least 1 (the column's CHECK).
@@ -70,8 +78,9 @@ pub(crate) async fn register(pool: &Db, r: &Registration, leader: bool) -> Resul
     let id: String = sqlx::query_scalar(
         "INSERT INTO awa.runtime_instances
              (hostname, pid, version, queues, leader, snapshot_interval_ms,
-              queue_descriptor_hashes, job_kind_descriptor_hashes)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING instance_id::text",
+              queue_descriptor_hashes, job_kind_descriptor_hashes, storage_capability,
+              transition_role)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING instance_id::text",
     )
     .bind(&r.hostname)
     .bind(r.pid)
@@ -81,6 +90,8 @@ pub(crate) async fn register(pool: &Db, r: &Registration, leader: bool) -> Resul
     .bind(millis(r.interval))
     .bind(&r.queue_descriptor_hashes)
     .bind(&r.job_kind_descriptor_hashes)
+    .bind(r.storage_capability)
+    .bind(r.transition_role)
     .fetch_one(pool)
     .await?;
     Ok(id)
@@ -99,8 +110,9 @@ pub(crate) async fn refresh(
     sqlx::query(
         "INSERT INTO awa.runtime_instances
              (instance_id, hostname, pid, version, queues, leader, snapshot_interval_ms, started_at,
-              queue_descriptor_hashes, job_kind_descriptor_hashes)
-         VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+              queue_descriptor_hashes, job_kind_descriptor_hashes, storage_capability,
+              transition_role)
+         VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
          ON CONFLICT (instance_id) DO UPDATE
              SET leader = excluded.leader, last_seen_at = now()",
     )
@@ -114,6 +126,8 @@ pub(crate) async fn refresh(
     .bind(started_at)
     .bind(&r.queue_descriptor_hashes)
     .bind(&r.job_kind_descriptor_hashes)
+    .bind(r.storage_capability)
+    .bind(r.transition_role)
     .execute(pool)
     .await?;
     Ok(())
@@ -144,7 +158,8 @@ pub async fn prune_stale(pool: &Db) -> Result<u64> {
 pub async fn list(pool: &Db) -> Result<Vec<RuntimeInstance>> {
     let rows = sqlx::query(&format!(
         "SELECT instance_id::text AS instance_id, hostname, pid, version, queues, leader,
-                started_at, last_seen_at, snapshot_interval_ms, ({STALE_SQL}) AS stale
+                started_at, last_seen_at, snapshot_interval_ms, ({STALE_SQL}) AS stale,
+                storage_capability, transition_role
          FROM awa.runtime_instances ORDER BY leader DESC, started_at, instance_id"
     ))
     .bind(MIN_STALE.as_secs_f64())
@@ -164,6 +179,8 @@ pub async fn list(pool: &Db) -> Result<Vec<RuntimeInstance>> {
                 last_seen_at: row.try_get("last_seen_at")?,
                 snapshot_interval_ms: row.try_get("snapshot_interval_ms")?,
                 stale: row.try_get("stale")?,
+                storage_capability: row.try_get("storage_capability")?,
+                transition_role: row.try_get("transition_role")?,
             })
         })
         .collect()

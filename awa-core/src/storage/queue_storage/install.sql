@@ -138,9 +138,12 @@ CREATE TABLE {s}.deferred_jobs (
 );
 CREATE INDEX ON {s}.deferred_jobs (run_at);
 
--- A producer holds its transaction id before it draws a seq (once per statement; COPY too).
+-- A producer holds its transaction id before it draws a seq (once per statement; COPY too),
+-- and refuses to append once routing has moved away from this schema (migration 12's route
+-- check: a producer that read the route before an abort must not strand a job here).
 CREATE FUNCTION {s}.qs_hold_xid() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM awa.qs_route_check('{s}');
     PERFORM pg_current_xact_id();
     RETURN NULL;
 END $$;
@@ -869,6 +872,12 @@ CREATE VIEW {s}.qs_jobs AS
            d.run_at, NULL, NULL, NULL, NULL, d.created_at, d.errors, d.metadata, d.tags,
            d.unique_key, d.unique_states, NULL, NULL, d.run_lease, NULL, d.ordering_key
     FROM {s}.deferred_jobs d;
+
+-- How many jobs still need a runtime (what a transition's abort waits for).
+CREATE FUNCTION {s}.qs_jobs_live() RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT count(*) FROM {s}.qs_jobs
+    WHERE state IN ('available', 'scheduled', 'retryable', 'running', 'waiting_external')
+$$;
 
 -- Indexes (on the parents: every child gets its own).
 CREATE INDEX ON {s}.ready_entries (queue, priority, seq);

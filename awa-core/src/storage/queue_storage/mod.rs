@@ -132,9 +132,14 @@ impl QueueStorage {
 
     /// Whether the substrate is installed in this schema.
     pub async fn installed(&self, pool: &Db) -> Result<bool> {
+        let mut conn = pool.pool().acquire().await?;
+        self.installed_on(&mut conn).await
+    }
+
+    async fn installed_on(&self, conn: &mut PgConnection) -> Result<bool> {
         let found: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
             .bind(self.name("queue_ring_state"))
-            .fetch_one(pool.pool())
+            .fetch_one(&mut *conn)
             .await?;
         Ok(found.is_some())
     }
@@ -142,17 +147,26 @@ impl QueueStorage {
     /// Install the substrate (tables, children of both rings, functions) in one transaction.
     /// Needs the canonical schema (`migrate()`): job ids come from `awa.jobs_id_seq`, one
     /// sequence for both engines. Installing where it is already installed does nothing.
+    /// Making it the engine new jobs go to is `storage::transition`'s work.
     pub async fn install(&self, pool: &Db) -> Result<()> {
-        if self.installed(pool).await? {
+        let mut tx = pool.begin().await?;
+        self.install_in(&mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// [`QueueStorage::install`] on the caller's open transaction.
+    pub async fn install_in(&self, conn: &mut PgConnection) -> Result<()> {
+        if self.installed_on(conn).await? {
             return Ok(());
         }
         let sql = INSTALL_SQL
             .replace("{s}", &self.schema)
             .replace("{q}", &self.queue_slots.to_string())
             .replace("{l}", &self.lease_slots.to_string());
-        let mut tx = pool.begin().await?;
-        sqlx::raw_sql(&sql).execute(&mut *tx).await?;
-        tx.commit().await?;
+        // The simple-query protocol runs the whole script (raw_sql's future is not `Send`
+        // for every lifetime, which a spawned caller needs).
+        sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
         Ok(())
     }
 

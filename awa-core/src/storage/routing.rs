@@ -1,0 +1,287 @@
+//! Where new jobs go (issue 18): canonical's `awa.jobs`, or the queue-storage schema that
+//! `awa.storage_transition_state` makes active (migration 12, [`crate::storage::transition`]).
+//!
+//! Every insert path of the public API asks [`route`], which reads the state at most once per
+//! [`ROUTE_TTL`] per pool: a transition reaches every producer within that time, and a
+//! per-insert read would cost a round trip on the hottest path. A stale route cannot strand a
+//! job: the engine a transition closed refuses the write (SQLSTATE `AWR01`, migration 12's
+//! guards, checked after the insert holds its table lock), the route is read again and the
+//! insert retried once, on the engine now open.
+//!
+//! Reads (`get_job`, `list_jobs`) and `cancel` look at both engines while a queue-storage
+//! schema is active or was routed to, so a job is found wherever it lives.
+
+use crate::error::{AwaError, Result};
+use crate::model::job::JOB_COLUMNS;
+use crate::model::{JobRow, NewJob};
+use crate::storage::admin::{self, JobFilter};
+use crate::storage::pool::Db;
+use crate::storage::queue_storage::QueueStorage;
+use sqlx::PgConnection;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a read route is used before it is read again.
+pub const ROUTE_TTL: Duration = Duration::from_secs(1);
+
+/// The engine new jobs go to.
+#[derive(Debug, Clone)]
+pub enum Route {
+    Canonical,
+    QueueStorage(Arc<QueueStorage>),
+}
+
+/// A pool's last read route and when it was read.
+#[derive(Debug, Default)]
+pub(crate) struct RouteCache(Mutex<Option<(Instant, Route)>>);
+
+/// The ring sizes given to a [`QueueStorage`] handle built from a schema name alone: only
+/// installing reads them, and routing never installs.
+const HANDLE_SLOTS: (u32, u32) = (16, 8);
+
+/// The queue-storage handle for a schema named by the state or the backends table.
+fn handle(schema: String) -> Result<Arc<QueueStorage>> {
+    Ok(Arc::new(QueueStorage::new(
+        &schema,
+        HANDLE_SLOTS.0,
+        HANDLE_SLOTS.1,
+    )?))
+}
+
+/// Read the route from the database (no cache).
+pub async fn read_route<'e, E: sqlx::PgExecutor<'e>>(executor: E) -> Result<Route> {
+    let schema: Option<String> = sqlx::query_scalar("SELECT awa.active_queue_storage_schema()")
+        .fetch_one(executor)
+        .await?;
+    match schema {
+        Some(s) => Ok(Route::QueueStorage(handle(s)?)),
+        None => Ok(Route::Canonical),
+    }
+}
+
+/// The route, read again when the cached one is older than [`ROUTE_TTL`].
+pub async fn route(db: &Db) -> Result<Route> {
+    if let Ok(guard) = db.route_cache().0.lock() {
+        if let Some((at, route)) = guard.as_ref() {
+            if at.elapsed() < ROUTE_TTL {
+                return Ok(route.clone());
+            }
+        }
+    }
+    let fresh = match read_route(db).await {
+        Ok(route) => route,
+        // No storage state (a schema older than migration 12, or none at all): canonical is
+        // the only engine there can be, and its insert reports what is missing precisely.
+        Err(AwaError::SchemaNotMigrated { .. }) => return Ok(Route::Canonical),
+        Err(e) => return Err(e),
+    };
+    if let Ok(mut guard) = db.route_cache().0.lock() {
+        *guard = Some((Instant::now(), fresh.clone()));
+    }
+    Ok(fresh)
+}
+
+/// Make `db` believe new jobs go to `route` for the next [`ROUTE_TTL`]: the stale route a
+/// producer holds across a transition, for the tests of the guards that catch it.
+#[cfg(feature = "test-seams")]
+pub fn pin_route(db: &Db, route: Route) {
+    if let Ok(mut guard) = db.route_cache().0.lock() {
+        *guard = Some((Instant::now(), route));
+    }
+}
+
+/// Drop the cached route (after a write was refused as routed elsewhere).
+pub fn forget(db: &Db) {
+    if let Ok(mut guard) = db.route_cache().0.lock() {
+        *guard = None;
+    }
+}
+
+/// Insert validated jobs where the route says, returning them in input order; a write the
+/// closed engine refused is retried once on the route read again.
+pub async fn insert_jobs(db: &Db, jobs: &[NewJob]) -> Result<Vec<JobRow>> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut retried = false;
+    loop {
+        let result = match route(db).await? {
+            Route::Canonical => crate::storage::insert::insert_jobs(db, jobs).await,
+            Route::QueueStorage(qs) => {
+                async {
+                    let mut tx = db.begin().await?;
+                    let rows = enqueue_rows(&mut tx, &qs, jobs).await?;
+                    tx.commit().await?;
+                    Ok(rows)
+                }
+                .await
+            }
+        };
+        match result {
+            Err(AwaError::StorageRouteMoved(_)) if !retried => {
+                forget(db);
+                retried = true;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Insert validated jobs on the caller's open transaction where the route says. A refused
+/// write leaves the transaction failed (the caller retries it whole); the cached route is
+/// dropped so the retry reads it again.
+pub async fn insert_jobs_in(
+    conn: &mut PgConnection,
+    db: &Db,
+    jobs: &[NewJob],
+) -> Result<Vec<JobRow>> {
+    let result = match route(db).await? {
+        Route::Canonical => crate::storage::insert::insert_jobs(&mut *conn, jobs).await,
+        Route::QueueStorage(qs) => enqueue_rows(conn, &qs, jobs).await,
+    };
+    if matches!(result, Err(AwaError::StorageRouteMoved(_))) {
+        forget(db);
+    }
+    result
+}
+
+/// What a routed COPY wrote.
+pub enum Copied {
+    Count(u64),
+    Rows(Vec<JobRow>),
+}
+
+/// `insert_many_copy` on the caller's open transaction where the route says: canonical's
+/// binary COPY, or queue storage's (due jobs by COPY into the current slot). With `returning`
+/// on queue storage the jobs go through its insert function instead (COPY returns nothing,
+/// and its rows carry no id to read back by).
+pub async fn copy_in(
+    conn: &mut PgConnection,
+    db: &Db,
+    jobs: &[NewJob],
+    returning: bool,
+) -> Result<Copied> {
+    let result = match (route(db).await?, returning) {
+        (Route::Canonical, false) => crate::storage::copy::insert_many_copy(conn, jobs)
+            .await
+            .map(Copied::Count),
+        (Route::Canonical, true) => crate::storage::copy::insert_many_copy_returning(conn, jobs)
+            .await
+            .map(Copied::Rows),
+        (Route::QueueStorage(qs), false) => qs.enqueue_copy(conn, jobs).await.map(Copied::Count),
+        (Route::QueueStorage(qs), true) => enqueue_rows(conn, &qs, jobs).await.map(Copied::Rows),
+    };
+    if matches!(result, Err(AwaError::StorageRouteMoved(_))) {
+        forget(db);
+    }
+    result
+}
+
+/// Enqueue on queue storage and read the jobs back, in input order.
+async fn enqueue_rows(
+    conn: &mut PgConnection,
+    qs: &QueueStorage,
+    jobs: &[NewJob],
+) -> Result<Vec<JobRow>> {
+    let ids = qs.enqueue(&mut *conn, jobs).await?;
+    crate::metrics::series::record_each(
+        jobs.iter().map(|j| (j.kind.as_str(), j.queue.as_str())),
+        crate::metrics::series::JobEvent::Inserted,
+    );
+    qs_rows(conn, qs, &ids).await
+}
+
+/// The queue-storage jobs with these ids, in the order given (ids not found are left out).
+async fn qs_rows(conn: &mut PgConnection, qs: &QueueStorage, ids: &[i64]) -> Result<Vec<JobRow>> {
+    let sql = format!(
+        "SELECT {cols} FROM unnest($1::bigint[]) WITH ORDINALITY AS t(id, ord)
+         JOIN {schema}.qs_jobs j ON j.id = t.id ORDER BY t.ord",
+        cols = qualified_columns("j"),
+        schema = qs.schema(),
+    );
+    let rows = sqlx::query(&sql).bind(ids).fetch_all(&mut *conn).await?;
+    rows.iter()
+        .map(|r| JobRow::from_row(r).map_err(AwaError::from))
+        .collect()
+}
+
+/// [`JOB_COLUMNS`] qualified by a table alias (the unnest's `id` would be ambiguous).
+fn qualified_columns(alias: &str) -> String {
+    JOB_COLUMNS
+        .split(',')
+        .map(|c| format!("{alias}.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The queue-storage schema whose jobs reads should include: the active one, else the one a
+/// mixed transition routed to (kept in `awa.runtime_storage_backends`).
+pub async fn readable_queue_storage(db: &Db) -> Result<Option<Arc<QueueStorage>>> {
+    let schema: Option<String> = sqlx::query_scalar(
+        "SELECT coalesce(awa.active_queue_storage_schema(),
+                         (SELECT schema_name FROM awa.runtime_storage_backends
+                          WHERE backend = 'queue_storage'))",
+    )
+    .fetch_one(db)
+    .await?;
+    schema.map(handle).transpose()
+}
+
+/// One job by id, on whichever engine holds it.
+pub async fn get_job(db: &Db, id: i64) -> Result<JobRow> {
+    match admin::get_job(db, id).await {
+        Err(AwaError::JobNotFound(_)) => {}
+        other => return other,
+    }
+    let Some(qs) = readable_queue_storage(db).await? else {
+        return Err(AwaError::JobNotFound(id));
+    };
+    let mut conn = db.pool().acquire().await?;
+    qs_rows(&mut conn, &qs, &[id])
+        .await?
+        .pop()
+        .ok_or(AwaError::JobNotFound(id))
+}
+
+/// Jobs matching a filter on both engines, newest id first.
+pub async fn list_jobs(db: &Db, filter: &JobFilter) -> Result<Vec<JobRow>> {
+    let mut rows = admin::list_jobs(db, filter).await?;
+    let Some(qs) = readable_queue_storage(db).await? else {
+        return Ok(rows);
+    };
+    let sql = format!(
+        "SELECT {JOB_COLUMNS} FROM {}.qs_jobs
+         WHERE ($1::text IS NULL OR state = $1)
+           AND ($2::text IS NULL OR kind = $2)
+           AND ($3::text IS NULL OR queue = $3)
+         ORDER BY id DESC LIMIT $4",
+        qs.schema()
+    );
+    let limit = filter.limit.unwrap_or(100).max(0);
+    let more = sqlx::query(&sql)
+        .bind(filter.state.map(crate::model::JobState::as_str))
+        .bind(filter.kind.as_deref())
+        .bind(filter.queue.as_deref())
+        .bind(limit)
+        .fetch_all(db)
+        .await?;
+    for r in &more {
+        rows.push(JobRow::from_row(r)?);
+    }
+    rows.sort_by_key(|r| std::cmp::Reverse(r.id));
+    rows.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+    Ok(rows)
+}
+
+/// Cancel a job on whichever engine holds it (see [`admin::cancel`]).
+pub async fn cancel(db: &Db, id: i64) -> Result<JobRow> {
+    match admin::cancel(db, id).await {
+        Err(AwaError::JobNotFound(_)) => {}
+        other => return other,
+    }
+    let Some(qs) = readable_queue_storage(db).await? else {
+        return Err(AwaError::JobNotFound(id));
+    };
+    qs.cancel(db, id).await?;
+    get_job(db, id).await
+}

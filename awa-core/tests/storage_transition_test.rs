@@ -1,0 +1,154 @@
+//! The route guards of a storage transition (issue 18; migration 12; `storage::routing`): a
+//! producer whose cached route is stale writes to the engine a transition closed, the engine
+//! refuses (SQLSTATE AWR01), and the insert is retried on the engine now open, so no job is
+//! stranded where no runtime will look. The stale route is pinned with the `test-seams` hook
+//! rather than raced against the cache's one-second lifetime.
+
+mod common;
+
+use awa_core::model::validate;
+use awa_core::model::InsertOpts;
+use awa_core::storage::routing::{self, Route};
+use awa_core::storage::transition;
+use awa_core::{AwaError, Db, NewJob};
+use common::TestDb;
+use serde_json::json;
+
+fn job(n: i64) -> NewJob {
+    validate("routed", json!({ "n": n }), &InsertOpts::default()).expect("valid job")
+}
+
+async fn canonical_ids(db: &TestDb) -> Vec<i64> {
+    sqlx::query_scalar("SELECT id FROM awa.jobs ORDER BY id")
+        .fetch_all(db.pool.pool())
+        .await
+        .expect("read canonical")
+}
+
+/// A second handle on the same pool with a route cache of its own (a producer process).
+fn producer(db: &TestDb) -> Db {
+    Db::from(db.pool.pool().clone())
+}
+
+#[tokio::test]
+async fn a_canonical_route_gone_stale_by_an_install_lands_the_job_in_queue_storage() {
+    let db = TestDb::new().await;
+    let qs = transition::queue_storage("awa", 4, 2).expect("config");
+    transition::install_queue_storage(&db.pool, &qs, false)
+        .await
+        .expect("install");
+    let p = producer(&db);
+    routing::pin_route(&p, Route::Canonical);
+
+    let rows = routing::insert_jobs(&p, &[job(1)]).await.expect("insert");
+
+    assert!(canonical_ids(&db).await.is_empty(), "canonical refused it");
+    let in_qs: Vec<i64> = qs
+        .jobs(&db.pool)
+        .await
+        .expect("qs jobs")
+        .iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(in_qs, vec![rows[0].id]);
+    // Inside a caller's transaction the refusal is the caller's to retry (the transaction is
+    // failed), typed, and the stale route is dropped for the retry.
+    routing::pin_route(&p, Route::Canonical);
+    let mut tx = p.begin().await.expect("begin");
+    let refused = routing::insert_jobs_in(&mut tx, &p, &[job(2)]).await;
+    assert!(
+        matches!(refused, Err(AwaError::StorageRouteMoved(_))),
+        "{refused:?}"
+    );
+    drop(tx);
+    let mut tx = p.begin().await.expect("begin");
+    routing::insert_jobs_in(&mut tx, &p, &[job(2)])
+        .await
+        .expect("retried insert");
+    tx.commit().await.expect("commit");
+    assert_eq!(qs.jobs(&db.pool).await.expect("qs jobs").len(), 2);
+}
+
+#[tokio::test]
+async fn a_queue_storage_route_gone_stale_by_an_abort_lands_the_job_in_canonical() {
+    let db = TestDb::new().await;
+    let ops = &db.pool;
+    transition::step(ops, "prepare", Some("awa"))
+        .await
+        .expect("prepare");
+    let qs = transition::queue_storage("awa", 4, 2).expect("config");
+    transition::prepare_queue_storage_schema(ops, &qs)
+        .await
+        .expect("prepare schema");
+    // A live queue-storage target, as a runtime started with that role registers itself.
+    sqlx::query(
+        "INSERT INTO awa.runtime_instances
+             (pid, version, snapshot_interval_ms, storage_capability, transition_role)
+         VALUES (1, 'test', 1000, 'queue_storage', 'queue_storage_target')",
+    )
+    .execute(ops.pool())
+    .await
+    .expect("fake target");
+    let mixed = transition::step(ops, "enter_mixed_transition", None)
+        .await
+        .expect("enter mixed");
+    assert_eq!(mixed["state"], "mixed_transition");
+    sqlx::query("DELETE FROM awa.runtime_instances")
+        .execute(ops.pool())
+        .await
+        .expect("target gone");
+    let back = transition::step(ops, "abort", None).await.expect("abort");
+    assert_eq!(back["state"], "canonical");
+
+    let p = producer(&db);
+    routing::pin_route(&p, Route::QueueStorage(std::sync::Arc::new(qs.clone())));
+    let rows = routing::insert_jobs(&p, &[job(1)]).await.expect("insert");
+
+    assert_eq!(canonical_ids(&db).await, vec![rows[0].id]);
+    assert!(
+        qs.jobs(ops).await.expect("qs jobs").is_empty(),
+        "queue storage refused it"
+    );
+}
+
+#[tokio::test]
+async fn finalize_waits_for_the_canonical_backlog_and_steps_are_refused_out_of_order() {
+    let db = TestDb::new().await;
+    let ops = &db.pool;
+    for (step, message) in [
+        (
+            "enter_mixed_transition",
+            "storage enter-mixed-transition is only allowed from prepared state",
+        ),
+        (
+            "finalize",
+            "storage finalize is only allowed from mixed_transition state",
+        ),
+        (
+            "abort",
+            "storage abort is only allowed from prepared or mixed_transition state",
+        ),
+    ] {
+        match transition::step(ops, step, None).await {
+            Err(AwaError::Storage(m)) => assert_eq!(m, message),
+            other => panic!("{step}: {other:?}"),
+        }
+    }
+    match transition::step(ops, "prepare", Some("Bad-Name")).await {
+        Err(AwaError::InvalidStorage(m)) => assert_eq!(m, "invalid SQL identifier: Bad-Name"),
+        other => panic!("{other:?}"),
+    }
+    routing::insert_jobs(ops, &[job(1)])
+        .await
+        .expect("canonical job");
+    transition::step(ops, "prepare", None)
+        .await
+        .expect("prepare");
+    match transition::step(ops, "enter_mixed_transition", None).await {
+        Err(AwaError::Storage(m)) => assert_eq!(m, "queue storage schema \"awa\" is not prepared"),
+        other => panic!("{other:?}"),
+    }
+    let status = transition::status(ops).await.expect("status");
+    assert_eq!(status["canonical_live_backlog"], 1);
+    assert_eq!(status["prepared_schema_ready"], false);
+}
