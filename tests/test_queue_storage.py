@@ -284,3 +284,40 @@ def test_the_cli_steps_through_a_transition_and_reports_refusals(qdb: str) -> No
     late = cli("finalize")
     assert late.returncode == 1
     assert late.stderr == "awa: error: storage finalize is only allowed from mixed_transition state\n"
+
+
+async def test_unique_keys_hold_on_queue_storage_and_follow_ups_are_deduplicated(qdb: str) -> None:
+    async with awa.AsyncClient(qdb) as client:
+        await client.install_queue_storage()
+        first = await client.insert(Work(1), queue="u", unique_opts={"by_args": True})
+        with pytest.raises(awa.UniqueConflict):
+            await client.insert(Work(1), queue="u", unique_opts={"by_args": True})
+        tx = await client.transaction()
+        with pytest.raises(awa.UniqueConflict):
+            await tx.insert(Work(1), queue="u", unique_opts={"by_args": True})
+        other = await tx.insert(Work(2), queue="u", unique_opts={"by_args": True})  # the transaction goes on
+        await tx.commit()
+        assert (await client.get_job(other.id)).state == "available"
+
+        worker = awa.AsyncClient(qdb)
+        staged: list[int] = []
+
+        @worker.task(Work, queue="u")
+        async def handle(job: awa.Job) -> None:
+            staged.append(job.args.n)
+            if job.args.n in (1, 2):
+                # Both completions stage the same unique follow-up: one is inserted.
+                job.enqueue_on_completion(Work(100), queue="u", unique_opts={"by_args": True})
+
+        await worker.start([("u", 2)], **FAST)
+        try:
+            await wait_for_state(client, first.id, "completed")
+            await wait_for_state(client, other.id, "completed")
+            await wait_for(lambda: 100 in staged, what="the follow-up ran")
+        finally:
+            await worker.shutdown()
+            await worker.close()
+        assert sorted(staged) == [1, 2, 100]
+        # Completed is among the default unique states: the key stays held.
+        with pytest.raises(awa.UniqueConflict):
+            await client.insert(Work(100), queue="u", unique_opts={"by_args": True})

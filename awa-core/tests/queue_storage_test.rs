@@ -896,8 +896,8 @@ async fn copy_writes_every_field_and_defers_later_jobs() {
         j.tags = vec!["t\t1".into(), format!("n{i}")];
         j.metadata = json!({ "m": i });
         j.ordering_key = (i % 2 == 0).then(|| format!("k{i}"));
-        j.unique_key = (i % 3 == 0).then(|| vec![i as u8, 0, 255]);
-        j.unique_states = j.unique_key.as_ref().map(|_| 2);
+        // (A batch with unique keys takes the row path, which takes its keys: see
+        // unique_keys_are_held_in_their_states_and_given_back_outside_them.)
     }
     let mut later = jobs("q", 2, 1, "later").remove(0);
     later.run_at = Some(chrono::Utc::now() + chrono::Duration::hours(1));
@@ -1156,4 +1156,156 @@ async fn cancel_ends_a_job_in_every_state_it_can_be_in() {
             "cancelled"
         ]
     );
+}
+
+/// A job with unique key `key` and state mask `mask` (canonical's bits).
+fn keyed(key: &[u8], mask: u8, tag: &str) -> NewJob {
+    let mut job = jobs("q", 2, 1, tag).remove(0);
+    job.unique_key = Some(key.to_vec());
+    job.unique_states = Some(mask);
+    job
+}
+
+/// The holder of each key in the substrate's unique-key table.
+async fn key_rows(db: &TestDb) -> Vec<(Vec<u8>, i64)> {
+    sqlx::query_as("SELECT unique_key, id FROM awa_qs.unique_keys ORDER BY unique_key")
+        .fetch_all(db.pool.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn unique_keys_are_held_in_their_states_and_given_back_outside_them() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 2, 2).await;
+    let all = awa_core::model::DEFAULT_UNIQUE_STATES; // scheduled..retryable, completed included
+    let live_only: u8 = 0b0001_0111; // scheduled, available, running, retryable
+
+    // Held while available and running: a second insert is the whole call's UniqueConflict,
+    // so nothing of the call is written (its free job included).
+    let first = qs
+        .enqueue(db.pool.pool(), &[keyed(b"a", all, "1")])
+        .await
+        .unwrap();
+    let refused = qs
+        .enqueue(
+            db.pool.pool(),
+            &[keyed(b"free", all, "2"), keyed(b"a", all, "3")],
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(AwaError::UniqueConflict { .. })),
+        "{refused:?}"
+    );
+    // Two jobs of one call with one key: the second conflicts with the first.
+    let twice = qs
+        .enqueue(
+            db.pool.pool(),
+            &[keyed(b"b", all, "4"), keyed(b"b", all, "5")],
+        )
+        .await;
+    assert!(
+        matches!(twice, Err(AwaError::UniqueConflict { .. })),
+        "{twice:?}"
+    );
+    assert_eq!(key_rows(&db).await, vec![(b"a".to_vec(), first[0])]);
+    let c = qs.claim(&db.pool, "q", 2, 1).await.unwrap();
+    assert!(
+        qs.enqueue(db.pool.pool(), &[keyed(b"a", all, "6")])
+            .await
+            .is_err(),
+        "held while running"
+    );
+    qs.complete(&db.pool, &[c[0].id], &[c[0].run_lease])
+        .await
+        .unwrap();
+    assert!(
+        qs.enqueue(db.pool.pool(), &[keyed(b"a", all, "7")])
+            .await
+            .is_err(),
+        "completed is in the mask"
+    );
+
+    // Outside its mask the key is taken over: completed with a mask without completed,
+    // cancelled with any default mask.
+    let short = qs
+        .enqueue(db.pool.pool(), &[keyed(b"c", live_only, "8")])
+        .await
+        .unwrap();
+    assert!(qs
+        .enqueue(db.pool.pool(), &[keyed(b"c", live_only, "9")])
+        .await
+        .is_err());
+    let c = qs.claim(&db.pool, "q", 2, 1).await.unwrap();
+    assert_eq!(c[0].id, short[0]);
+    qs.complete(&db.pool, &[c[0].id], &[c[0].run_lease])
+        .await
+        .unwrap();
+    let again = qs
+        .enqueue(db.pool.pool(), &[keyed(b"c", live_only, "10")])
+        .await
+        .unwrap();
+    let gone = qs
+        .enqueue(db.pool.pool(), &[keyed(b"d", all, "11")])
+        .await
+        .unwrap();
+    assert_eq!(
+        qs.cancel(&db.pool, gone[0]).await.unwrap().as_deref(),
+        Some("cancelled")
+    );
+    let after_cancel = qs
+        .enqueue(db.pool.pool(), &[keyed(b"d", all, "12")])
+        .await
+        .unwrap();
+    assert_eq!(
+        key_rows(&db).await,
+        vec![
+            (b"a".to_vec(), first[0]),
+            (b"c".to_vec(), again[0]),
+            (b"d".to_vec(), after_cancel[0])
+        ]
+    );
+
+    // A scheduled job holds a key whose mask has scheduled; COPY takes keys as rows do.
+    let mut later = keyed(b"e", all, "13");
+    later.run_at = Some(chrono::Utc::now() + chrono::Duration::hours(1));
+    qs.enqueue(db.pool.pool(), &[later]).await.unwrap();
+    let mut conn = db.pool.pool().acquire().await.unwrap();
+    let copied = qs.enqueue_copy(&mut conn, &[keyed(b"e", all, "14")]).await;
+    assert!(
+        matches!(copied, Err(AwaError::UniqueConflict { .. })),
+        "{copied:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_reclaimed_slot_gives_back_the_keys_of_its_finished_jobs_only() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 2, 2).await;
+    let all = awa_core::model::DEFAULT_UNIQUE_STATES;
+    let ids = qs
+        .enqueue(
+            db.pool.pool(),
+            &[keyed(b"done", all, "1"), keyed(b"waiting", all, "2")],
+        )
+        .await
+        .unwrap();
+    let c = qs.claim(&db.pool, "q", 2, 1).await.unwrap();
+    assert_eq!(c[0].id, ids[0]);
+    qs.complete(&db.pool, &[c[0].id], &[c[0].run_lease])
+        .await
+        .unwrap();
+    // Slot 0 holds both; the ring moves to slot 1, then slot 0 is reclaimed: the completed
+    // job's history goes (and its key), the waiting job is carried forward (and keeps its key).
+    qs.rotate(&db.pool, Duration::ZERO).await.unwrap();
+    let reclaimed = qs.rotate(&db.pool, Duration::ZERO).await.unwrap();
+    assert_eq!(reclaimed.carried, Some(1));
+    assert_eq!(key_rows(&db).await, vec![(b"waiting".to_vec(), ids[1])]);
+    assert!(qs
+        .enqueue(db.pool.pool(), &[keyed(b"waiting", all, "3")])
+        .await
+        .is_err());
+    qs.enqueue(db.pool.pool(), &[keyed(b"done", all, "4")])
+        .await
+        .unwrap();
 }

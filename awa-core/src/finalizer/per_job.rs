@@ -283,7 +283,7 @@ async fn finalize_queue_storage(
         .enqueue_follow_ups(&mut *conn, &all)
         .await?
         .into_iter()
-        .map(FollowUpInsert::Inserted);
+        .map(FollowUpInsert::from);
     for (follow_up, result) in spec_follow_ups.iter().zip(results.by_ref()) {
         record_insert(job.id, follow_up, result);
     }

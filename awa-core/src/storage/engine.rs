@@ -15,10 +15,11 @@
 //! (best priority first; no priority aging yet), heartbeats with progress and cancel
 //! requests, releases of unstarted jobs, batched completion with follow-ups in the same
 //! transaction, every per-job outcome (completed with follow-ups, retryable, snoozed, failed,
-//! cancelled, parked on a callback), rescue, promotion and both rings' rotation. Not yet:
-//! unique keys (stored, not enforced), priority aging, the DLQ and registered specs'
-//! exhausted/cancelled follow-ups on rescue, admin reads and writes through `awa.jobs`,
-//! callbacks' resolution.
+//! cancelled, parked on a callback), rescue, promotion and both rings' rotation, unique
+//! keys (`unique_keys`, checked lazily: install.sql), and the public insert paths
+//! (`storage::routing`). Not yet: priority aging, the DLQ, registered specs'
+//! exhausted/cancelled follow-ups on rescue, admin writes through `awa.jobs`, callbacks'
+//! resolution.
 
 use crate::error::Result;
 use crate::model::{JobRow, NewJob};
@@ -147,8 +148,7 @@ impl Engine {
     }
 
     /// Insert follow-ups inside the caller's open transaction, in the order given; one
-    /// result per job. Canonical skips a follow-up whose unique key is held
-    /// (`storage::insert`); queue storage does not enforce unique keys yet.
+    /// result per job. Both engines skip a follow-up whose unique key is held.
     pub(crate) async fn insert_follow_ups_in_tx(
         &self,
         conn: &mut sqlx::PgConnection,
@@ -163,7 +163,7 @@ impl Engine {
                 let ids = qs.enqueue_follow_ups(&mut *conn, jobs).await?;
                 Ok(ids
                     .into_iter()
-                    .map(crate::storage::insert::FollowUpInsert::Inserted)
+                    .map(crate::storage::insert::FollowUpInsert::from)
                     .collect())
             }
         }

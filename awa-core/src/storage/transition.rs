@@ -182,18 +182,7 @@ pub async fn prepare_queue_storage_schema(db: &Db, qs: &QueueStorage) -> Result<
 /// tables, the trigger with `ready_entries`; the functions are dropped by name.
 fn uninstall_sql(schema: &str) -> String {
     let mut sql = String::new();
-    for table in [
-        "queue_ring_state",
-        "queue_ring_slots",
-        "lease_ring_state",
-        "ready_entries",
-        "claimed_entries",
-        "lanes",
-        "leases",
-        "receipts",
-        "done_entries",
-        "deferred_jobs",
-    ] {
+    for table in QueueStorage::tables() {
         sql.push_str(&format!("DROP TABLE IF EXISTS {schema}.{table} CASCADE;\n"));
     }
     sql.push_str(&format!("DROP SEQUENCE IF EXISTS {schema}.qs_seq;\n"));
@@ -409,4 +398,55 @@ pub async fn runtime_engine(
         }
     }
     Ok(Engine::QueueStorage(Arc::new(qs)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reset_drops_every_table_the_install_script_creates() {
+        let tables = QueueStorage::tables();
+        for name in [
+            "queue_ring_state",
+            "ready_entries",
+            "leases",
+            "deferred_jobs",
+            "unique_keys",
+        ] {
+            assert!(tables.contains(&name), "{name} missing from {tables:?}");
+        }
+        let sql = uninstall_sql("awa_x");
+        assert_eq!(
+            sql.matches("DROP TABLE IF EXISTS awa_x.").count(),
+            tables.len()
+        );
+    }
+
+    #[test]
+    fn names_and_sizes_are_refused_with_awa_pgs_messages() {
+        let message = |r: Result<QueueStorage>| match r {
+            Err(AwaError::InvalidStorage(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            message(queue_storage("Bad-Name", 16, 8)),
+            "invalid SQL identifier: Bad-Name"
+        );
+        assert_eq!(
+            message(queue_storage("awa", 3, 8)),
+            "queue storage requires at least 4 queue slots"
+        );
+        assert_eq!(
+            message(queue_storage("awa", 16, 1)),
+            "queue storage requires at least 2 lease slots"
+        );
+        assert!(message(queue_storage("Awa", 16, 8)).contains("lower-case identifier"));
+        assert!(message(queue_storage("awa", 257, 8)).contains("queue_slot_count is 257"));
+        assert_eq!(
+            TransitionRole::parse("canonical_drain").ok(),
+            Some(TransitionRole::CanonicalDrain)
+        );
+        assert!(TransitionRole::parse("bogus").is_err());
+    }
 }

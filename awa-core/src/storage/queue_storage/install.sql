@@ -138,6 +138,17 @@ CREATE TABLE {s}.deferred_jobs (
 );
 CREATE INDEX ON {s}.deferred_jobs (run_at);
 
+-- Unique keys (canonical's BLAKE3 keys and state masks): one row per key, naming the job that
+-- took it. A row is a claim, checked lazily: an insert whose key is taken looks at the holder's
+-- current state (`qs_key_held`) and takes the key over when that state is outside the holder's
+-- mask, so no state change of the hot path writes here. Rows of jobs whose history leaves with
+-- a reclaimed slot are deleted then (`qs_reclaim_queue`), which keeps the table small.
+CREATE TABLE {s}.unique_keys (
+    unique_key    bytea    PRIMARY KEY,
+    id            bigint   NOT NULL,
+    unique_states smallint NOT NULL
+);
+
 -- A producer holds its transaction id before it draws a seq (once per statement; COPY too),
 -- and refuses to append once routing has moved away from this schema (migration 12's route
 -- check: a producer that read the route before an abort must not strand a job here).
@@ -160,26 +171,84 @@ $$;
 -- Insert jobs, one per element of the parallel arrays (validated by the caller, as every
 -- insert path validates): a job due now (run_at NULL or not after now()) is a ready entry in
 -- the current slot, a later one a scheduled row in deferred_jobs. Returns the ids in input
--- order. Unique keys are stored, not yet enforced (docs/queue-storage-design.md).
+-- order. A job whose unique key another live job holds in one of that job's unique states is
+-- refused as canonical refuses it (unique_violation on "idx_awa_jobs_unique", the whole call),
+-- or with p_skip_held (follow-ups) skipped: NULL in its place, the others inserted.
 CREATE FUNCTION {s}.qs_enqueue(p_kinds text[], p_queues text[], p_args jsonb[],
                                p_priorities smallint[], p_max_attempts integer[],
                                p_run_ats timestamptz[], p_tags jsonb[], p_metadata jsonb[],
                                p_unique_keys bytea[], p_unique_states smallint[],
-                               p_ordering_keys text[], p_notify boolean DEFAULT true)
+                               p_ordering_keys text[], p_notify boolean DEFAULT true,
+                               p_skip_held boolean DEFAULT false)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 DECLARE
     cur record;
+    n integer := coalesce(cardinality(p_kinds), 0);
+    v_ids bigint[];
+    v_keep boolean[];
+    v_won bigint[];
+    v_ords integer[];
+    v_uks bytea[];
+    v_uss smallint[];
+    r record;
+    holder {s}.unique_keys;
 BEGIN
     SELECT * INTO cur FROM {s}.qs_current_slot();
+    v_ids := ARRAY(SELECT nextval('awa.jobs_id_seq') FROM generate_series(1, n));
+    v_keep := array_fill(true, ARRAY[n]);
+    IF EXISTS (SELECT 1 FROM unnest(p_unique_keys) k WHERE k IS NOT NULL) THEN
+        -- Every key whose first state is in its mask, in input order: free keys are taken in
+        -- one statement; each taken one is looked at (the rare path).
+        SELECT coalesce(array_agg(t.ord::integer ORDER BY t.ord), '{}'),
+               coalesce(array_agg(t.uk ORDER BY t.ord), '{}'),
+               coalesce(array_agg(t.us ORDER BY t.ord), '{}')
+        INTO v_ords, v_uks, v_uss
+        FROM unnest(p_unique_keys, p_unique_states, p_run_ats) WITH ORDINALITY AS t(uk, us, ra, ord)
+        WHERE t.uk IS NOT NULL
+          AND (t.us & awa.state_bit(CASE WHEN t.ra IS NULL OR t.ra <= now() THEN 'available'
+                                         ELSE 'scheduled' END)) <> 0;
+        WITH won AS (
+            INSERT INTO {s}.unique_keys (unique_key, id, unique_states)
+            SELECT k.uk, v_ids[k.ord], k.us
+            FROM unnest(v_ords, v_uks, v_uss) AS k(ord, uk, us) ORDER BY k.ord
+            ON CONFLICT (unique_key) DO NOTHING
+            RETURNING id)
+        SELECT coalesce(array_agg(id), '{}') INTO v_won FROM won;
+        FOR r IN SELECT k.* FROM unnest(v_ords, v_uks, v_uss) AS k(ord, uk, us)
+                 WHERE v_ids[k.ord] <> ALL (v_won) ORDER BY k.ord
+        LOOP
+            SELECT * INTO holder FROM {s}.unique_keys u WHERE u.unique_key = r.uk FOR UPDATE;
+            IF NOT FOUND THEN
+                -- Released meanwhile (its slot reclaimed): take it.
+                INSERT INTO {s}.unique_keys (unique_key, id, unique_states)
+                VALUES (r.uk, v_ids[r.ord], r.us) ON CONFLICT (unique_key) DO NOTHING;
+                IF FOUND THEN
+                    CONTINUE;
+                END IF;
+                SELECT * INTO holder FROM {s}.unique_keys u WHERE u.unique_key = r.uk FOR UPDATE;
+            END IF;
+            IF holder.id = ANY (v_ids) OR {s}.qs_key_held(holder.id, holder.unique_states) THEN
+                IF NOT p_skip_held THEN
+                    RAISE EXCEPTION 'duplicate key value violates unique constraint "idx_awa_jobs_unique"'
+                        USING ERRCODE = 'unique_violation', CONSTRAINT = 'idx_awa_jobs_unique';
+                END IF;
+                v_keep[r.ord] := false;
+            ELSE
+                UPDATE {s}.unique_keys SET id = v_ids[r.ord], unique_states = r.us
+                WHERE unique_key = r.uk;
+            END IF;
+        END LOOP;
+    END IF;
     RETURN QUERY
     WITH input AS (
-        SELECT t.ord, nextval('awa.jobs_id_seq') AS id, t.k, t.q, t.a, t.p, t.m,
+        SELECT t.ord, v_ids[t.ord] AS id, t.k, t.q, t.a, t.p, t.m,
                coalesce(t.r, now()) AS run_at, t.r IS NULL OR t.r <= now() AS due,
                ARRAY(SELECT jsonb_array_elements_text(coalesce(t.tg, '[]'))) AS tags,
                coalesce(t.md, '{}') AS metadata, t.uk, t.us, t.ok
         FROM unnest(p_kinds, p_queues, p_args, p_priorities, p_max_attempts, p_run_ats, p_tags,
                     p_metadata, p_unique_keys, p_unique_states, p_ordering_keys)
              WITH ORDINALITY AS t(k, q, a, p, m, r, tg, md, uk, us, ok, ord)
+        WHERE v_keep[t.ord]
     ), ready AS (
         INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
             attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
@@ -195,7 +264,8 @@ BEGIN
                i.tags, '[]', i.uk, i.us, i.ok
         FROM input i WHERE NOT i.due
     )
-    SELECT i.id FROM input i ORDER BY i.ord;
+    SELECT CASE WHEN v_keep[g.ord] THEN v_ids[g.ord] END FROM generate_series(1, n) AS g(ord)
+    ORDER BY g.ord;
     -- The wake-up hint canonical sends (`awa:<queue>`), once per queue with a job due now,
     -- delivered at commit. Not from a completion's transaction (p_notify false): a notifying
     -- commit serializes with every other one, so completions wake the queues after they commit.
@@ -775,6 +845,16 @@ BEGIN
         SELECT count(*) FROM moved$f$, old) INTO n USING cur.slot, cur.generation;
     carried := carried + n;
 
+    -- Unique keys of jobs that live nowhere else (their history leaves with the slot) are
+    -- given back; a key a live job holds stays.
+    EXECUTE format($f$
+        DELETE FROM {s}.unique_keys u USING {s}.ready_entries_%1$s e
+        WHERE e.unique_key IS NOT NULL AND u.unique_key = e.unique_key AND u.id = e.id
+          AND NOT EXISTS (SELECT 1 FROM {s}.leases l WHERE l.id = e.id)
+          AND NOT EXISTS (SELECT 1 FROM {s}.deferred_jobs d WHERE d.id = e.id)
+          AND NOT EXISTS (SELECT 1 FROM {s}.ready_entries o
+                          WHERE o.id = e.id AND o.unique_key IS NOT NULL AND o.slot <> %1$s)$f$, old);
+
     EXECUTE format('TRUNCATE {s}.ready_entries_%1$s, {s}.claimed_entries_%1$s, {s}.receipts_%1$s,'
                    ' {s}.done_entries_%1$s', old);
     RETURN carried;
@@ -873,6 +953,14 @@ CREATE VIEW {s}.qs_jobs AS
            d.unique_key, d.unique_states, NULL, NULL, d.run_lease, NULL, d.ordering_key
     FROM {s}.deferred_jobs d;
 
+-- Whether job p_id is now in a state of the mask p_mask (its unique key still held).
+CREATE FUNCTION {s}.qs_key_held(p_id bigint, p_mask smallint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM {s}.qs_jobs j
+                   WHERE j.id = p_id AND j.unique_key IS NOT NULL
+                     AND (p_mask & awa.state_bit(j.state)) <> 0)
+$$;
+
 -- How many jobs still need a runtime (what a transition's abort waits for).
 CREATE FUNCTION {s}.qs_jobs_live() RETURNS bigint LANGUAGE sql STABLE AS $$
     SELECT count(*) FROM {s}.qs_jobs
@@ -881,6 +969,8 @@ $$;
 
 -- Indexes (on the parents: every child gets its own).
 CREATE INDEX ON {s}.ready_entries (queue, priority, seq);
+-- A key holder's entries, by id (only entries with a key: the hot path's appends skip it).
+CREATE INDEX ON {s}.ready_entries (id) WHERE unique_key IS NOT NULL;
 CREATE INDEX ON {s}.claimed_entries (queue, priority, seq);
 CREATE INDEX ON {s}.leases (id);
 CREATE INDEX ON {s}.leases (heartbeat_at);

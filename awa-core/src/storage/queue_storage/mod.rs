@@ -130,6 +130,17 @@ impl QueueStorage {
         format!("{}.{object}", self.schema)
     }
 
+    /// The substrate's tables (their children and the view go with them), read from the
+    /// install script itself so that removing them cannot miss one added later.
+    pub(crate) fn tables() -> Vec<&'static str> {
+        INSTALL_SQL
+            .lines()
+            .filter_map(|line| line.strip_prefix("CREATE TABLE {s}."))
+            .filter_map(|rest| rest.split([' ', '(']).next())
+            .filter(|name| !name.is_empty())
+            .collect()
+    }
+
     /// Whether the substrate is installed in this schema.
     pub async fn installed(&self, pool: &Db) -> Result<bool> {
         let mut conn = pool.pool().acquire().await?;
@@ -189,18 +200,25 @@ impl QueueStorage {
         executor: E,
         jobs: &[&NewJob],
     ) -> Result<Vec<i64>> {
-        self.enqueue_with(executor, jobs, true).await
+        // Without skipping, every job is inserted or the call fails: each id is there.
+        Ok(self
+            .enqueue_with(executor, jobs, true, false)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect())
     }
 
     /// Insert follow-ups inside a completion's transaction: as [`QueueStorage::enqueue_refs`]
-    /// but without the NOTIFY (a notifying commit serializes with every other one); the
-    /// completion wakes their queues after it commits.
+    /// but without the NOTIFY (a notifying commit serializes with every other one; the
+    /// completion wakes their queues after it commits), and a follow-up whose unique key a
+    /// live job holds is skipped (`None`), as canonical skips it.
     pub(crate) async fn enqueue_follow_ups<'e, E: sqlx::PgExecutor<'e>>(
         &self,
         executor: E,
         jobs: &[&NewJob],
-    ) -> Result<Vec<i64>> {
-        self.enqueue_with(executor, jobs, false).await
+    ) -> Result<Vec<Option<i64>>> {
+        self.enqueue_with(executor, jobs, false, true).await
     }
 
     async fn enqueue_with<'e, E: sqlx::PgExecutor<'e>>(
@@ -208,12 +226,13 @@ impl QueueStorage {
         executor: E,
         jobs: &[&NewJob],
         notify: bool,
-    ) -> Result<Vec<i64>> {
+        skip_held: bool,
+    ) -> Result<Vec<Option<i64>>> {
         let sql = format!(
-            "SELECT * FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            "SELECT * FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
             self.name("qs_enqueue")
         );
-        Ok(sqlx::query_scalar(&sql)
+        let result = sqlx::query_scalar(&sql)
             .bind(jobs.iter().map(|j| j.kind.as_str()).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.queue.as_str()).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| &j.args).collect::<Vec<_>>())
@@ -243,8 +262,22 @@ impl QueueStorage {
                     .collect::<Vec<_>>(),
             )
             .bind(notify)
+            .bind(skip_held)
             .fetch_all(executor)
-            .await?)
+            .await;
+        match result {
+            Ok(ids) => Ok(ids),
+            // The same class and message as canonical's insert (`storage::insert`).
+            Err(e) if crate::error::is_unique_conflict(&e) => Err(AwaError::UniqueConflict {
+                kind: if jobs.len() == 1 {
+                    jobs[0].kind.clone()
+                } else {
+                    let owned: Vec<NewJob> = jobs.iter().map(|j| (*j).clone()).collect();
+                    crate::storage::insert::kinds_summary(&owned)
+                },
+            }),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// [`QueueStorage::enqueue`] by `COPY ... FROM STDIN` (binary) into the current slot for the
@@ -260,9 +293,12 @@ impl QueueStorage {
         let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
             .fetch_one(&mut *tx)
             .await?;
+        // A batch with unique keys takes the row path whole: it takes their keys, and the
+        // jobs keep their order.
+        let keyed = jobs.iter().any(|j| j.unique_key.is_some());
         let (due, later): (Vec<&NewJob>, Vec<&NewJob>) = jobs
             .iter()
-            .partition(|j| j.run_at.is_none_or(|at| at <= now));
+            .partition(|j| !keyed && j.run_at.is_none_or(|at| at <= now));
         let mut written = 0u64;
         if !later.is_empty() {
             written += self.enqueue_refs(&mut *tx, &later).await?.len() as u64;
