@@ -13,6 +13,27 @@ import awa
 
 BASE_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 
+#: The storage engine the suite runs on (``AWA_ENGINE=canonical|queue_storage``; scripts/test.sh
+#: runs both legs). On ``queue_storage`` the session database has queue storage installed and
+#: emptied before each test; tests of what only canonical has are marked ``canonical_only``.
+ENGINE = os.environ.get("AWA_ENGINE", "canonical")
+if ENGINE not in ("canonical", "queue_storage"):
+    raise RuntimeError(f"AWA_ENGINE must be canonical or queue_storage (got {ENGINE!r})")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "canonical_only(reason): needs what queue storage does not have yet")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if ENGINE == "canonical":
+        return
+    for item in items:
+        marker = item.get_closest_marker("canonical_only")
+        if marker is not None:
+            reason = marker.args[0] if marker.args else "canonical only"
+            item.add_marker(pytest.mark.skip(reason=f"canonical only: {reason}"))
+
 
 def url_with_database(url: str, name: str) -> str:
     parts = urllib.parse.urlparse(url)
@@ -33,6 +54,8 @@ def fresh_database() -> Iterator[str]:
     try:
         with awa.Client(url) as c:
             c.migrate()
+            if ENGINE == "queue_storage":
+                c.install_queue_storage()
         yield url
     finally:
         admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -50,8 +73,13 @@ def empty_database() -> Iterator[str]:
 
 
 def _truncate(c: awa.Client) -> None:
+    # A transaction a failed test left open would make the TRUNCATE wait for good.
+    c._run(c._async._execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                               "current_database() AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'"))
     c._run(c._async._execute("TRUNCATE awa.jobs, awa.jobs_dlq, awa.queue_meta, awa.cron_jobs, awa.runtime_instances, "
                                "awa.batch_operations, awa.queue_descriptors, awa.job_kind_descriptors RESTART IDENTITY"))
+    if ENGINE == "queue_storage":
+        c.install_queue_storage(reset=True)
 
 
 @pytest.fixture

@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 import awa
 from awa import AsyncClient
 from helpers import wait_for
@@ -94,6 +96,7 @@ async def test_partitioned_queue_with_one_handler(database_url: str) -> None:
         assert physical == queue.queue_for_key(key)
 
 
+@pytest.mark.canonical_only("admin reads and writes (queue_stats, health counts, retry, discard, dump, cancel_by_unique_key) use awa.jobs only")
 def test_the_synchronous_client(database_url: str) -> None:
     """awa.Client for codebases that are not async-first: the same calls, blocking."""
     with awa.Client(database_url) as client:
@@ -121,6 +124,7 @@ async def test_insert_then_sleep_then_shutdown_completes_the_job(database_url: s
 
 
 
+@pytest.mark.canonical_only("durable batch operations change awa.jobs only")
 async def test_durable_batch_operations(client: awa.AsyncClient) -> None:
     """preview_set_priority / set_priority / move_queue with filters, list_batch_operations,
     cancel_batch_operation(operation["id"]), as the README's operator example calls them."""

@@ -18,6 +18,7 @@ class Charge:
     mode: str = "park"
 
 
+@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on awa.jobs only")
 async def test_parked_job_completed_failed_or_retried_externally(client: awa.AsyncClient) -> None:
     tokens: dict[int, awa.CallbackToken] = {}
 
@@ -50,6 +51,7 @@ async def test_parked_job_completed_failed_or_retried_externally(client: awa.Asy
         await client.shutdown()
 
 
+@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on awa.jobs only")
 async def test_wait_for_callback_inside_the_handler(client: awa.AsyncClient) -> None:
     tokens: asyncio.Queue[awa.CallbackToken] = asyncio.Queue()
     payloads: list[Any] = []
@@ -73,6 +75,7 @@ async def test_wait_for_callback_inside_the_handler(client: awa.AsyncClient) -> 
     assert done.run_lease == before.run_lease, "continued under the same lease"
 
 
+@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on awa.jobs only")
 async def test_resume_before_the_handler_waits(client: awa.AsyncClient) -> None:
     tokens: asyncio.Queue[awa.CallbackToken] = asyncio.Queue()
     go = asyncio.Event()
@@ -97,6 +100,7 @@ async def test_resume_before_the_handler_waits(client: awa.AsyncClient) -> None:
     assert payloads == ["early"]
 
 
+@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on awa.jobs only")
 async def test_callback_timeout_is_rescued_and_heartbeat_extends_it(client: awa.AsyncClient) -> None:
     tokens: dict[int, awa.CallbackToken] = {}
 
@@ -139,6 +143,7 @@ async def test_callback_timeout_is_rescued_and_heartbeat_extends_it(client: awa.
         await client.shutdown()
 
 
+@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
 async def test_progress_survives_retry_and_clears_on_completion(client: awa.AsyncClient) -> None:
     seen: list[Any] = []
 

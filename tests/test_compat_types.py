@@ -141,6 +141,7 @@ async def test_module_migrate_takes_a_url(empty_database: str) -> None:
         await c.close()
 
 
+@pytest.mark.canonical_only("admin reads and writes (queue_stats, health counts, retry, discard, dump, cancel_by_unique_key) use awa.jobs only")
 async def test_health_check_is_typed(client: awa.AsyncClient) -> None:
     idle = await client.health_check()
     assert isinstance(idle, awa.HealthCheck)
@@ -178,6 +179,7 @@ async def _leads(client: awa.AsyncClient) -> bool:
     return (await client.health_check()).leader
 
 
+@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
 async def test_queue_stats_are_typed(client: awa.AsyncClient) -> None:
     future = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
     await client.insert(Ping(), queue="qs")
@@ -200,6 +202,7 @@ async def test_queue_stats_are_typed(client: awa.AsyncClient) -> None:
         qs["available"]  # type: ignore[index]
 
 
+@pytest.mark.canonical_only("awa.testing's work_one claims from awa.jobs")
 async def test_progress_percent_is_an_int_and_update_metadata_takes_updates(client: awa.AsyncClient) -> None:
     seen: list[Any] = []
 
@@ -225,6 +228,7 @@ async def test_progress_percent_is_an_int_and_update_metadata_takes_updates(clie
     assert seen[2] == {"cursor": 7}
 
 
+@pytest.mark.canonical_only("awa.testing's work_one claims from awa.jobs")
 async def test_flush_progress_sync_writes_from_a_handler_thread(client: awa.AsyncClient) -> None:
     rows: list[Any] = []
     threads: list[bool] = []

@@ -321,3 +321,27 @@ async def test_unique_keys_hold_on_queue_storage_and_follow_ups_are_deduplicated
         # Completed is among the default unique states: the key stays held.
         with pytest.raises(awa.UniqueConflict):
             await client.insert(Work(100), queue="u", unique_opts={"by_args": True})
+
+
+def test_bridge_inserts_on_the_applications_connection_go_to_queue_storage(qdb: str) -> None:
+    psycopg = pytest.importorskip("psycopg")
+    from awa.bridge import insert_job_sync
+
+    with awa.Client(qdb) as client:
+        client.install_queue_storage()
+        with psycopg.connect(qdb) as conn:
+            row = insert_job_sync(conn, Work(7), queue="b", tags=["t"], unique_opts={"by_args": True})
+            with pytest.raises(awa.UniqueConflict):
+                insert_job_sync(conn, Work(7), queue="b", unique_opts={"by_args": True})
+            conn.rollback()  # the application's transaction: nothing of it stays
+        with pytest.raises(awa.JobNotFound):
+            client.get_job(row["id"])
+        with psycopg.connect(qdb) as conn:
+            row = insert_job_sync(conn, Work(8), queue="b", tags=["t"])
+            conn.commit()
+        job = client.get_job(row["id"])
+        assert (job.state, job.tags, row["state"], row["attempt"], row["tags"]) == (
+            "available", ["t"], "available", 0, ["t"])
+        tx = client.transaction()
+        assert tx.fetch_one("SELECT count(*)::int AS n FROM awa.jobs")["n"] == 0
+        tx.rollback()

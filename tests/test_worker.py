@@ -107,6 +107,7 @@ async def test_unknown_kind_fails_terminally(client: awa.AsyncClient) -> None:
         await client.shutdown()
 
 
+@pytest.mark.canonical_only("no dead-letter queue on queue storage yet")
 async def test_exhausted_attempts_fail_and_dlq(client: awa.AsyncClient) -> None:
     @client.task(Work)
     async def handle(job: awa.Job) -> None:
@@ -236,6 +237,7 @@ async def test_shutdown_loses_nothing(database_url: str) -> None:
         await second.close()
 
 
+@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
 async def test_admin_actions(client: awa.AsyncClient) -> None:
     a = await client.insert(Work(mode="a"), queue="adm")
     await client.insert(Work(mode="b"), queue="adm")
@@ -288,6 +290,7 @@ def test_blocking_client_runs_a_worker(sync_client: awa.Client) -> None:
     assert sync_client.health_check().postgres_connected is True
 
 
+@pytest.mark.canonical_only("admin reads and writes (queue_stats, health counts, retry, discard, dump, cancel_by_unique_key) use awa.jobs only")
 async def test_two_clients_complete_every_job_exactly_once(database_url: str) -> None:
     runs: dict[int, int] = {}
     clients = [awa.AsyncClient(database_url) for _ in range(2)]

@@ -30,9 +30,8 @@ class Other:
 
 
 async def _completed(client: awa.AsyncClient) -> int:
-    async with client.transaction() as tx:
-        row = await tx.fetch_one("SELECT count(*) AS n FROM awa.jobs WHERE state = 'completed'")
-    return int(row["n"])
+    # Through the client, which reads whichever engine holds the jobs (tests/conftest.py).
+    return len(await client.list_jobs(state="completed", limit=100_000))
 
 
 async def _claims(client: awa.AsyncClient, queue: str) -> list[tuple[dt.datetime, int]]:
@@ -112,6 +111,7 @@ async def test_weighted_queue_with_no_minimum_runs_on_the_pool(client: awa.Async
 # ----- rate limit, claim batch, claimers, deadline, aging ----------------------------------------
 
 
+@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
 async def test_rate_limit_never_exceeds_the_bucket(client: awa.AsyncClient) -> None:
     rate, burst, jobs = 20.0, 3, 25
 
@@ -146,6 +146,7 @@ async def test_rate_limit_never_exceeds_the_bucket(client: awa.AsyncClient) -> N
     assert (claims[-1][0] - claims[0][0]).total_seconds() >= least
 
 
+@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
 async def test_claim_batch_size_and_claimers(client: awa.AsyncClient) -> None:
     seen: Counter[int] = Counter()
 
@@ -168,6 +169,7 @@ async def test_claim_batch_size_and_claimers(client: awa.AsyncClient) -> None:
     assert max(n for _, n in await _claims(client, "batched")) <= 2
 
 
+@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
 async def test_deadline_duration_ms_sets_the_attempts_deadline(client: awa.AsyncClient) -> None:
     @client.task(Unit, queue="deadlined")
     async def handle(job: awa.Job) -> None:
@@ -190,6 +192,7 @@ async def test_deadline_duration_ms_sets_the_attempts_deadline(client: awa.Async
     assert row["s"] == pytest.approx(90.0)
 
 
+@pytest.mark.canonical_only("no priority aging on queue storage yet")
 @pytest.mark.parametrize("aging", [None, 60_000])
 async def test_priority_aging_lets_an_old_low_priority_job_go_first(client: awa.AsyncClient, aging: Any) -> None:
     order: list[str] = []

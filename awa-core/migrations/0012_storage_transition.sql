@@ -7,7 +7,7 @@
 -- storage; runtimes started earlier keep draining canonical), 'active' (queue storage only).
 -- Two guards make a stale route fail instead of stranding a job: canonical refuses inserts once
 -- queue storage is active (`awa_jobs_route_guard`), and a queue-storage schema refuses inserts
--- once a transition to it was aborted (`awa.qs_route_check`, called by its insert trigger).
+-- once a transition to it was aborted (`awa.storage_route_check`, called by its insert trigger).
 -- Re-runnable.
 
 CREATE TABLE IF NOT EXISTS awa.storage_transition_state (
@@ -262,7 +262,7 @@ CREATE TRIGGER awa_jobs_route_guard BEFORE INSERT ON awa.jobs
 -- A queue-storage schema takes new jobs unless routing has moved away from it: another schema
 -- is active, or a transition to it was aborted (canonical after an epoch > 0). A schema used
 -- directly, before any transition, is left alone (the engine's own tests do that).
-CREATE OR REPLACE FUNCTION awa.qs_route_check(p_schema text) RETURNS void
+CREATE OR REPLACE FUNCTION awa.storage_route_check(p_schema text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     cur awa.storage_transition_state;
@@ -275,4 +275,50 @@ BEGIN
             p_schema, awa.active_storage_engine()
             USING ERRCODE = 'AWR01';
     END IF;
+END $$;
+
+-- One job from `awa.bridge` (the application's own connection and transaction), on the engine
+-- new jobs go to: canonical's insert, or the active queue-storage schema's `qs_enqueue`. The
+-- parameters are validated by the library first; returns the new job as JSON text with the
+-- columns `id, kind, queue, args, state, priority, attempt, max_attempts, run_at, created_at,
+-- metadata, tags` (on queue storage built from what was inserted: the view finds an entry by
+-- id only by scanning).
+CREATE OR REPLACE FUNCTION awa.driver_insert(p_kind text, p_queue text, p_args jsonb,
+                                             p_priority smallint, p_max_attempts integer,
+                                             p_run_at timestamptz, p_tags jsonb, p_metadata jsonb,
+                                             p_unique_key bytea, p_unique_states smallint,
+                                             p_ordering_key text)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    v_schema text := awa.active_queue_storage_schema();
+    v_id bigint;
+    v_job text;
+BEGIN
+    IF v_schema IS NULL THEN
+        INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts, run_at, tags,
+                              metadata, unique_key, unique_states, ordering_key)
+        VALUES (p_kind, p_queue, p_args,
+                CASE WHEN p_run_at IS NULL OR p_run_at <= now() THEN 'available' ELSE 'scheduled' END,
+                p_priority, p_max_attempts, coalesce(p_run_at, now()),
+                ARRAY(SELECT jsonb_array_elements_text(p_tags)), p_metadata, p_unique_key,
+                p_unique_states, p_ordering_key)
+        RETURNING CAST(json_build_object(
+            'id', id, 'kind', kind, 'queue', queue, 'args', args, 'state', state,
+            'priority', priority, 'attempt', attempt, 'max_attempts', max_attempts,
+            'run_at', run_at, 'created_at', created_at, 'metadata', metadata, 'tags', tags) AS text)
+        INTO v_job;
+        RETURN v_job;
+    END IF;
+    EXECUTE format('SELECT * FROM %I.qs_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)',
+                   v_schema)
+    INTO v_id
+    USING ARRAY[p_kind], ARRAY[p_queue], ARRAY[p_args], ARRAY[p_priority], ARRAY[p_max_attempts],
+          ARRAY[p_run_at], ARRAY[p_tags], ARRAY[p_metadata], ARRAY[p_unique_key],
+          ARRAY[p_unique_states], ARRAY[p_ordering_key];
+    RETURN CAST(json_build_object(
+        'id', v_id, 'kind', p_kind, 'queue', p_queue, 'args', p_args,
+        'state', CASE WHEN p_run_at IS NULL OR p_run_at <= now() THEN 'available' ELSE 'scheduled' END,
+        'priority', p_priority, 'attempt', 0, 'max_attempts', p_max_attempts,
+        'run_at', coalesce(p_run_at, now()), 'created_at', now(), 'metadata', p_metadata,
+        'tags', ARRAY(SELECT jsonb_array_elements_text(p_tags))) AS text);
 END $$;

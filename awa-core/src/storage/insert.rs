@@ -330,29 +330,17 @@ const SINGLE_INSERT: &str =
 /// asyncpg, psycopg, SQLAlchemy or Django connection, inside its own transaction). Every
 /// parameter is text (`$1`..`$11`, [`driver_insert_params`]' order) cast in SQL, and each
 /// appears once, so the statement works with any placeholder style (`$n`, `%(name)s`,
-/// `:name`) and any driver's parameter adaptation. The state rule and columns are those of
-/// [`SINGLE_INSERT`]; the one result column is the new row as JSON text (`id, kind, queue,
+/// `:name`) and any driver's parameter adaptation. `awa.driver_insert` (migration 12) writes
+/// to the engine new jobs go to, with the state rule and columns of [`SINGLE_INSERT`] on
+/// canonical; the one result column is the new row as JSON text (`id, kind, queue,
 /// args, state, priority, attempt, max_attempts, run_at, created_at, metadata, tags`), so
 /// each driver hands back the same thing whatever its type codecs.
-pub const DRIVER_INSERT: &str = "WITH r AS (
-    SELECT CAST($1 AS text) AS kind, CAST($2 AS text) AS queue,
-           CAST(CAST($3 AS text) AS jsonb) AS args, CAST(CAST($4 AS text) AS smallint) AS priority,
-           CAST(CAST($5 AS text) AS integer) AS max_attempts,
-           CAST(CAST($6 AS text) AS timestamptz) AS run_at, CAST(CAST($7 AS text) AS jsonb) AS tags,
-           CAST(CAST($8 AS text) AS jsonb) AS metadata, decode(CAST($9 AS text), 'hex') AS unique_key,
-           CAST(CAST($10 AS text) AS smallint) AS unique_states, CAST($11 AS text) AS ordering_key),
-j AS (
-    INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts, run_at, tags,
-                          metadata, unique_key, unique_states, ordering_key)
-    SELECT kind, queue, args,
-           CASE WHEN run_at IS NULL OR run_at <= now() THEN 'available' ELSE 'scheduled' END,
-           priority, max_attempts, coalesce(run_at, now()),
-           ARRAY(SELECT jsonb_array_elements_text(tags)), metadata, unique_key, unique_states,
-           ordering_key
-    FROM r
-    RETURNING id, kind, queue, args, state, priority, attempt, max_attempts, run_at, created_at,
-              metadata, tags)
-SELECT CAST(row_to_json(j) AS text) AS job FROM j";
+pub const DRIVER_INSERT: &str = "SELECT awa.driver_insert(
+    CAST($1 AS text), CAST($2 AS text), CAST(CAST($3 AS text) AS jsonb),
+    CAST(CAST($4 AS text) AS smallint), CAST(CAST($5 AS text) AS integer),
+    CAST(CAST($6 AS text) AS timestamptz), CAST(CAST($7 AS text) AS jsonb),
+    CAST(CAST($8 AS text) AS jsonb), decode(CAST($9 AS text), 'hex'),
+    CAST(CAST($10 AS text) AS smallint), CAST($11 AS text)) AS job";
 
 /// The eleven text parameters of [`DRIVER_INSERT`] for one validated job.
 pub fn driver_insert_params(job: &NewJob) -> Vec<Option<String>> {

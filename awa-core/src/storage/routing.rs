@@ -177,18 +177,63 @@ pub async fn copy_in(
     result
 }
 
-/// Enqueue on queue storage and read the jobs back, in input order.
+/// Enqueue on queue storage and return the jobs as inserted, in input order. Built from what
+/// was sent, the ids drawn and the transaction's `now()` (what the insert stored), rather than
+/// read back: the view finds an entry by id only by scanning, and canonical returns exactly
+/// these values for a new row.
 async fn enqueue_rows(
     conn: &mut PgConnection,
     qs: &QueueStorage,
     jobs: &[NewJob],
 ) -> Result<Vec<JobRow>> {
     let ids = qs.enqueue(&mut *conn, jobs).await?;
+    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&mut *conn)
+        .await?;
     crate::metrics::series::record_each(
         jobs.iter().map(|j| (j.kind.as_str(), j.queue.as_str())),
         crate::metrics::series::JobEvent::Inserted,
     );
-    qs_rows(conn, qs, &ids).await
+    Ok(jobs
+        .iter()
+        .zip(ids)
+        .map(|(job, id)| new_row(id, job, now))
+        .collect())
+}
+
+/// The row of a job just inserted: due now it is available, else scheduled.
+fn new_row(id: i64, job: &NewJob, now: chrono::DateTime<chrono::Utc>) -> JobRow {
+    let run_at = job.run_at.unwrap_or(now);
+    JobRow {
+        id,
+        kind: job.kind.clone(),
+        queue: job.queue.clone(),
+        args: job.args.clone(),
+        state: if run_at <= now {
+            crate::model::JobState::Available
+        } else {
+            crate::model::JobState::Scheduled
+        },
+        priority: job.priority,
+        attempt: 0,
+        max_attempts: job.max_attempts,
+        run_at,
+        heartbeat_at: None,
+        deadline_at: None,
+        attempted_at: None,
+        finalized_at: None,
+        created_at: now,
+        errors: Vec::new(),
+        metadata: job.metadata.clone(),
+        tags: job.tags.clone(),
+        unique_key: job.unique_key.clone(),
+        unique_states: job.unique_states.map(i16::from),
+        callback_id: None,
+        callback_timeout_at: None,
+        run_lease: 0,
+        progress: None,
+        ordering_key: job.ordering_key.clone(),
+    }
 }
 
 /// The queue-storage jobs with these ids, in the order given (ids not found are left out).

@@ -186,13 +186,20 @@ fn uninstall_sql(schema: &str) -> String {
         sql.push_str(&format!("DROP TABLE IF EXISTS {schema}.{table} CASCADE;\n"));
     }
     sql.push_str(&format!("DROP SEQUENCE IF EXISTS {schema}.qs_seq;\n"));
+    // By name and schema, whatever their arguments (only the install script's functions: a
+    // schema shared with canonical keeps canonical's).
+    let names: Vec<String> = QueueStorage::functions()
+        .iter()
+        .map(|f| format!("'{f}'"))
+        .collect();
     sql.push_str(&format!(
         "DO $$ DECLARE f regprocedure; BEGIN
              FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
                       JOIN pg_namespace n ON n.oid = p.pronamespace
-                      WHERE n.nspname = '{schema}' AND p.proname LIKE 'qs\\_%'
+                      WHERE n.nspname = '{schema}' AND p.proname IN ({})
              LOOP EXECUTE 'DROP FUNCTION ' || f || ' CASCADE'; END LOOP;
-         END $$;\n"
+         END $$;\n",
+        names.join(", ")
     ));
     sql
 }

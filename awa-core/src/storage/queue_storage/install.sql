@@ -154,7 +154,7 @@ CREATE TABLE {s}.unique_keys (
 -- check: a producer that read the route before an abort must not strand a job here).
 CREATE FUNCTION {s}.qs_hold_xid() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM awa.qs_route_check('{s}');
+    PERFORM awa.storage_route_check('{s}');
     PERFORM pg_current_xact_id();
     RETURN NULL;
 END $$;

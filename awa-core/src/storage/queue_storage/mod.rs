@@ -133,9 +133,18 @@ impl QueueStorage {
     /// The substrate's tables (their children and the view go with them), read from the
     /// install script itself so that removing them cannot miss one added later.
     pub(crate) fn tables() -> Vec<&'static str> {
+        Self::created("CREATE TABLE {s}.")
+    }
+
+    /// The substrate's functions, read from the install script as [`QueueStorage::tables`].
+    pub(crate) fn functions() -> Vec<&'static str> {
+        Self::created("CREATE FUNCTION {s}.")
+    }
+
+    fn created(prefix: &str) -> Vec<&'static str> {
         INSTALL_SQL
             .lines()
-            .filter_map(|line| line.strip_prefix("CREATE TABLE {s}."))
+            .filter_map(|line| line.strip_prefix(prefix))
             .filter_map(|rest| rest.split([' ', '(']).next())
             .filter(|name| !name.is_empty())
             .collect()
