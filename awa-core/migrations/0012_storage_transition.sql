@@ -80,10 +80,17 @@ LANGUAGE sql STABLE AS $$
     WHERE state IN ('available', 'scheduled', 'retryable', 'running', 'waiting_external')
 $$;
 
+-- The state as `awa.storage_status()` and every transition step return it.
+DO $$ BEGIN
+    CREATE TYPE awa.storage_status_row AS (
+        current_engine text, active_engine text, prepared_engine text, state text,
+        transition_epoch bigint, details jsonb, entered_at timestamptz, updated_at timestamptz,
+        finalized_at timestamptz);
+EXCEPTION WHEN duplicate_object THEN NULL;
+END $$;
+
 CREATE OR REPLACE FUNCTION awa.storage_status()
-RETURNS TABLE (current_engine text, active_engine text, prepared_engine text, state text,
-               transition_epoch bigint, details jsonb, entered_at timestamptz,
-               updated_at timestamptz, finalized_at timestamptz)
+RETURNS SETOF awa.storage_status_row
 LANGUAGE sql STABLE AS $$
     SELECT s.current_engine, awa.active_storage_engine(), s.prepared_engine, s.state,
            s.transition_epoch, s.details, s.entered_at, s.updated_at, s.finalized_at
@@ -92,9 +99,7 @@ $$;
 
 -- Name the engine to move to (and its settings, e.g. {"schema": "awa"}); writes do not move yet.
 CREATE OR REPLACE FUNCTION awa.storage_prepare(p_engine text, p_details jsonb DEFAULT '{}'::jsonb)
-RETURNS TABLE (current_engine text, active_engine text, prepared_engine text, state text,
-               transition_epoch bigint, details jsonb, entered_at timestamptz,
-               updated_at timestamptz, finalized_at timestamptz)
+RETURNS SETOF awa.storage_status_row
 LANGUAGE plpgsql AS $$
 DECLARE
     cur awa.storage_transition_state;
@@ -127,9 +132,7 @@ END $$;
 
 -- Route new writes to the prepared engine; runtimes started before keep draining canonical.
 CREATE OR REPLACE FUNCTION awa.storage_enter_mixed_transition()
-RETURNS TABLE (current_engine text, active_engine text, prepared_engine text, state text,
-               transition_epoch bigint, details jsonb, entered_at timestamptz,
-               updated_at timestamptz, finalized_at timestamptz)
+RETURNS SETOF awa.storage_status_row
 LANGUAGE plpgsql AS $$
 DECLARE
     cur awa.storage_transition_state;
@@ -170,9 +173,7 @@ END $$;
 -- awa.jobs waits for canonical inserts in flight and holds new ones until this commits, after
 -- which the route guard turns them away: no job reaches canonical behind the backlog check.
 CREATE OR REPLACE FUNCTION awa.storage_finalize()
-RETURNS TABLE (current_engine text, active_engine text, prepared_engine text, state text,
-               transition_epoch bigint, details jsonb, entered_at timestamptz,
-               updated_at timestamptz, finalized_at timestamptz)
+RETURNS SETOF awa.storage_status_row
 LANGUAGE plpgsql AS $$
 DECLARE
     cur awa.storage_transition_state;
@@ -205,9 +206,7 @@ END $$;
 -- holds nothing live and no runtime works it (its tables are locked for the check, so an insert
 -- in flight is either counted or, after this commits, refused by the schema's route check).
 CREATE OR REPLACE FUNCTION awa.storage_abort()
-RETURNS TABLE (current_engine text, active_engine text, prepared_engine text, state text,
-               transition_epoch bigint, details jsonb, entered_at timestamptz,
-               updated_at timestamptz, finalized_at timestamptz)
+RETURNS SETOF awa.storage_status_row
 LANGUAGE plpgsql AS $$
 DECLARE
     cur awa.storage_transition_state;
