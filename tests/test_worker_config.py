@@ -192,7 +192,6 @@ async def test_deadline_duration_ms_sets_the_attempts_deadline(client: awa.Async
     assert row["s"] == pytest.approx(90.0)
 
 
-@pytest.mark.canonical_only("no priority aging on queue storage yet")
 @pytest.mark.parametrize("aging", [None, 60_000])
 async def test_priority_aging_lets_an_old_low_priority_job_go_first(client: awa.AsyncClient, aging: Any) -> None:
     order: list[str] = []

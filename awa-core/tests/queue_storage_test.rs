@@ -1309,3 +1309,33 @@ async fn a_reclaimed_slot_gives_back_the_keys_of_its_finished_jobs_only() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn priority_aging_lets_an_old_low_priority_lane_go_first() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let mut old = jobs("aged", 4, 1, "old").remove(0);
+    old.run_at = Some(chrono::Utc::now() - chrono::Duration::hours(1));
+    let fresh = jobs("aged", 1, 1, "new").remove(0);
+    let ids = qs.enqueue(db.pool.pool(), &[old, fresh]).await.unwrap();
+
+    // Without aging the best priority goes first; an hour of 60 s intervals brings priority 4
+    // to 1, and its job is older.
+    let plain = qs.claim_queue(&db.pool, "aged", 1, None).await.unwrap();
+    assert_eq!(plain[0].id, ids[1]);
+    let mut again = jobs("aged", 1, 1, "newer").remove(0);
+    again.run_at = None;
+    qs.enqueue(db.pool.pool(), &[again]).await.unwrap();
+    let aged = qs
+        .claim_queue_aged(&db.pool, "aged", 1, None, Some(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!(aged[0].id, ids[0], "the old job's lane goes first");
+    assert_eq!(aged[0].priority, 4, "its own priority is kept");
+    // Aging too slow to matter within the hour: priority decides again.
+    let slow = qs
+        .claim_queue_aged(&db.pool, "aged", 1, None, Some(Duration::from_secs(86_400)))
+        .await
+        .unwrap();
+    assert_eq!(slow[0].priority, 1);
+}

@@ -12,12 +12,12 @@
 //! and rotation — reaches the right one without a second parameter threaded through.
 //!
 //! **What runs on queue storage so far** (docs/queue-storage-design.md, "Status"): claims
-//! (best priority first; no priority aging yet), heartbeats with progress and cancel
+//! (best priority first, with priority aging by lane), heartbeats with progress and cancel
 //! requests, releases of unstarted jobs, batched completion with follow-ups in the same
 //! transaction, every per-job outcome (completed with follow-ups, retryable, snoozed, failed,
 //! cancelled, parked on a callback), rescue, promotion and both rings' rotation, unique
 //! keys (`unique_keys`, checked lazily: install.sql), and the public insert paths
-//! (`storage::routing`). Not yet: priority aging, the DLQ, registered specs'
+//! (`storage::routing`). Not yet: the DLQ, registered specs'
 //! exhausted/cancelled follow-ups on rescue, admin writes through `awa.jobs`, callbacks'
 //! resolution.
 
@@ -48,8 +48,9 @@ impl Engine {
         }
     }
 
-    /// Claim up to `n` jobs of `queue`, each with the attempt deadline `deadline` from now.
-    /// `aging` applies to canonical only (see the module doc).
+    /// Claim up to `n` jobs of `queue`, each with the attempt deadline `deadline` from now,
+    /// with priority aging when `aging` is given (per job on canonical, per lane head on
+    /// queue storage).
     pub(crate) async fn claim(
         &self,
         pool: &Db,
@@ -62,7 +63,8 @@ impl Engine {
             Engine::Canonical => claim_batch_aged(pool, queue, n as i64, deadline, aging).await,
             Engine::QueueStorage(qs) => {
                 let n = i32::try_from(n).unwrap_or(i32::MAX);
-                qs.claim_queue(pool, queue, n, Some(deadline)).await
+                qs.claim_queue_aged(pool, queue, n, Some(deadline), aging)
+                    .await
             }
         }
     }

@@ -376,7 +376,8 @@ END $$;
 
 -- Claim up to p_n entries of a queue, best priority (1) first: each lane in turn; each lease
 -- gets a deadline p_deadline from now when given.
-CREATE FUNCTION {s}.qs_claim_queue(p_queue text, p_n integer, p_deadline interval DEFAULT NULL)
+CREATE FUNCTION {s}.qs_claim_queue(p_queue text, p_n integer, p_deadline interval DEFAULT NULL,
+                                   p_aging interval DEFAULT NULL)
 RETURNS TABLE (id bigint, kind text, queue text, args jsonb, state text, priority smallint,
                attempt integer, max_attempts integer, run_at timestamptz,
                heartbeat_at timestamptz, deadline_at timestamptz, attempted_at timestamptz,
@@ -389,12 +390,35 @@ DECLARE
     got integer := 0;
     k integer;
     c bigint;
+    pr integer;
+    lanes integer[] := ARRAY[1, 2, 3, 4];
 BEGIN
     -- A paused queue (awa.queue_meta, shared with canonical) hands out nothing.
     IF EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused) THEN
         RETURN;
     END IF;
-    FOR pr IN 1 .. 4 LOOP
+    IF p_aging IS NOT NULL AND p_aging > interval '0' THEN
+        -- Priority aging (canonical's rule: one priority better, down to 1, for every p_aging
+        -- a job has been due), applied to each lane's oldest waiting entry: the lanes are
+        -- visited in the order of that entry's aged priority, then its run_at.
+        SELECT array_agg(x.pr ORDER BY x.eff, x.run_at NULLS LAST, x.pr) INTO lanes
+        FROM (
+            SELECT p.pr, h.run_at,
+                   CASE WHEN h.run_at IS NULL OR h.run_at > now() THEN p.pr
+                        ELSE greatest(1, p.pr - floor(extract(epoch FROM now() - h.run_at)
+                                                      / extract(epoch FROM p_aging))::int)
+                   END AS eff
+            FROM generate_series(1, 4) AS p(pr)
+            LEFT JOIN {s}.lanes l ON l.queue = p_queue AND l.priority = p.pr
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM {s}.ready_entries e
+                WHERE e.queue = p_queue AND e.priority = p.pr AND e.seq >= coalesce(l.cursor, 0)
+                  AND NOT EXISTS (SELECT 1 FROM {s}.claimed_entries ce
+                                  WHERE ce.queue = e.queue AND ce.priority = e.priority
+                                    AND ce.seq = e.seq AND ce.seq >= coalesce(l.cursor, 0))
+                ORDER BY e.seq LIMIT 1) h ON true) x;
+    END IF;
+    FOREACH pr IN ARRAY lanes LOOP
         EXIT WHEN got >= p_n;
         -- Only a lane with an entry at or past its cursor (read without a lock: an entry
         -- committed after this read is found by the claim its wake-up starts). A claim of an

@@ -401,14 +401,30 @@ impl QueueStorage {
         n: i32,
         deadline: Option<Duration>,
     ) -> Result<Vec<JobRow>> {
+        self.claim_queue_aged(pool, queue, n, deadline, None).await
+    }
+
+    /// [`QueueStorage::claim_queue`] with priority aging: the lanes are visited in the order
+    /// of their oldest waiting entry's priority, one better (down to 1) for every `aging` it
+    /// has been due, as canonical orders jobs. Per lane, not per job: the entries behind a
+    /// lane's head go with it.
+    pub async fn claim_queue_aged(
+        &self,
+        pool: &Db,
+        queue: &str,
+        n: i32,
+        deadline: Option<Duration>,
+        aging: Option<Duration>,
+    ) -> Result<Vec<JobRow>> {
         let sql = format!(
-            "SELECT * FROM {}($1, $2, make_interval(secs => $3))",
+            "SELECT * FROM {}($1, $2, make_interval(secs => $3), make_interval(secs => $4))",
             self.name("qs_claim_queue")
         );
         let rows = sqlx::query(&sql)
             .bind(queue)
             .bind(n)
             .bind(deadline.map(|d| d.as_secs_f64()))
+            .bind(aging.map(|d| d.as_secs_f64()))
             .fetch_all(pool.pool())
             .await?;
         Ok(rows
