@@ -59,7 +59,7 @@ async def test_insert_stores_awa_pgs_key(client: awa.AsyncClient, vector: dict[s
         assert key != vector["awa_pg_key"]
 
 
-@pytest.mark.canonical_only("admin reads and writes (queue_stats, health counts, retry, discard, dump, cancel_by_unique_key) use awa.jobs only")
+@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
 async def test_by_period_hashes_the_bucket_and_cancel_finds_it_by_bucket(client: awa.AsyncClient) -> None:
     run_at = datetime.datetime(2099, 1, 1, 5, 30, tzinfo=datetime.timezone.utc)
     job = await client.insert({"x": 1}, kind="kv_period_3600", run_at=run_at,
@@ -73,7 +73,6 @@ async def test_by_period_hashes_the_bucket_and_cancel_finds_it_by_bucket(client:
     assert got is not None and got.id == job.id and str(got.state) == "cancelled"
 
 
-@pytest.mark.canonical_only("admin reads and writes (queue_stats, health counts, retry, discard, dump, cancel_by_unique_key) use awa.jobs only")
 async def test_cancel_by_unique_key_rebuilds_the_key_from_exactly_the_parts_given(client: awa.AsyncClient) -> None:
     job = await client.insert({"to": "a"}, kind="mail", queue="q", unique_opts={"by_args": True})
     # The key has no queue part: naming the queue builds another key.
@@ -89,7 +88,6 @@ async def test_cancel_by_unique_key_rebuilds_the_key_from_exactly_the_parts_give
     assert got is not None and got.id == both.id
 
 
-@pytest.mark.canonical_only("admin reads and writes (queue_stats, health counts, retry, discard, dump, cancel_by_unique_key) use awa.jobs only")
 async def test_cancel_by_unique_key_keeps_the_earlier_args_object_form(client: awa.AsyncClient) -> None:
     from dataclasses import dataclass
 
@@ -115,7 +113,6 @@ async def test_cancel_by_unique_key_bad_input_is_a_validation_error(client: awa.
         await client.cancel_by_unique_key("k", args=object())
 
 
-@pytest.mark.canonical_only("admin reads and writes (queue_stats, health counts, retry, discard, dump, cancel_by_unique_key) use awa.jobs only")
 def test_cancel_by_unique_key_on_the_blocking_client(sync_client: awa.Client) -> None:
     job = sync_client.insert({"n": 1}, kind="blocking", unique_opts={})
     assert sync_client.cancel_by_unique_key("blocking", args={"n": 2}) is None

@@ -574,10 +574,9 @@ impl NativeClient {
             crate::errors::ValidationError::new_err("cancel_by_unique_key needs unique_opts")
         })?;
         let pool = self.pool.clone();
-        self.json_future(
-            py,
-            async move { admin::cancel_by_unique_key(&pool, &key).await },
-        )
+        self.json_future(py, async move {
+            routing::cancel_by_unique_key(&pool, &key).await
+        })
     }
 
     /// Cancel the unfinished job holding the key built from exactly these parts (awa-pg's
@@ -603,10 +602,9 @@ impl NativeClient {
             period_bucket,
         });
         let pool = self.pool.clone();
-        self.json_future(
-            py,
-            async move { admin::cancel_by_unique_key(&pool, &key).await },
-        )
+        self.json_future(py, async move {
+            routing::cancel_by_unique_key(&pool, &key).await
+        })
     }
 
     /// The queue (`subject="queue"`) or job-kind (`"kind"`) descriptor catalogue, as JSON

@@ -330,3 +330,29 @@ pub async fn cancel(db: &Db, id: i64) -> Result<JobRow> {
     qs.cancel(db, id).await?;
     get_job(db, id).await
 }
+
+/// Cancel the unfinished job holding a unique key, on whichever engine holds it (see
+/// [`admin::cancel_by_unique_key`]); `None` when no unfinished job holds it.
+pub async fn cancel_by_unique_key(db: &Db, key: &[u8]) -> Result<Option<JobRow>> {
+    if let Some(job) = admin::cancel_by_unique_key(db, key).await? {
+        return Ok(Some(job));
+    }
+    let Some(qs) = readable_queue_storage(db).await? else {
+        return Ok(None);
+    };
+    let holder: Option<i64> = sqlx::query_scalar(&format!(
+        "SELECT id FROM {}.unique_keys WHERE unique_key = $1",
+        qs.schema()
+    ))
+    .bind(key)
+    .fetch_optional(db)
+    .await?;
+    let Some(id) = holder else {
+        return Ok(None);
+    };
+    // The key row may name a finished job (keys are taken over lazily): nothing to cancel.
+    match qs.cancel(db, id).await? {
+        Some(_) => Ok(Some(get_job(db, id).await?)),
+        None => Ok(None),
+    }
+}
