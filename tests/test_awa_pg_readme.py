@@ -96,7 +96,6 @@ async def test_partitioned_queue_with_one_handler(database_url: str) -> None:
         assert physical == queue.queue_for_key(key)
 
 
-@pytest.mark.canonical_only("admin reads and writes (queue_stats, health counts, retry, discard, dump, cancel_by_unique_key) use awa.jobs only")
 def test_the_synchronous_client(database_url: str) -> None:
     """awa.Client for codebases that are not async-first: the same calls, blocking."""
     with awa.Client(database_url) as client:

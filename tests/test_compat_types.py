@@ -141,7 +141,6 @@ async def test_module_migrate_takes_a_url(empty_database: str) -> None:
         await c.close()
 
 
-@pytest.mark.canonical_only("admin reads and writes (queue_stats, health counts, retry, discard, dump, cancel_by_unique_key) use awa.jobs only")
 async def test_health_check_is_typed(client: awa.AsyncClient) -> None:
     idle = await client.health_check()
     assert isinstance(idle, awa.HealthCheck)

@@ -290,7 +290,6 @@ def test_blocking_client_runs_a_worker(sync_client: awa.Client) -> None:
     assert sync_client.health_check().postgres_connected is True
 
 
-@pytest.mark.canonical_only("admin reads and writes (queue_stats, health counts, retry, discard, dump, cancel_by_unique_key) use awa.jobs only")
 async def test_two_clients_complete_every_job_exactly_once(database_url: str) -> None:
     runs: dict[int, int] = {}
     clients = [awa.AsyncClient(database_url) for _ in range(2)]

@@ -662,7 +662,7 @@ impl NativeClient {
 
     fn queue_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        self.json_future(py, async move { admin::queue_stats(&pool).await })
+        self.json_future(py, async move { routing::queue_stats(&pool).await })
     }
 
     /// `{"jobs": [...], "matched": n}` as JSON.

@@ -238,24 +238,33 @@ pub struct QueueStats {
 }
 
 pub async fn queue_stats<'e, E: PgExecutor<'e>>(executor: E) -> Result<Vec<QueueStats>> {
+    queue_stats_of(executor, "awa.jobs").await
+}
+
+/// [`queue_stats`] over `source`: `awa.jobs`, or a relation with its `queue`, `state`,
+/// `run_at` and `finalized_at` columns (`storage::routing` passes both engines' jobs).
+pub(crate) async fn queue_stats_of<'e, E: PgExecutor<'e>>(
+    executor: E,
+    source: &str,
+) -> Result<Vec<QueueStats>> {
     type Row = (String, Option<String>, Option<i64>, bool, i64, Option<f64>);
-    let rows: Vec<Row> = sqlx::query_as(
-        "WITH counts AS (SELECT queue, state, count(*) AS n FROM awa.jobs GROUP BY queue, state),
+    let sql = format!(
+        "WITH j AS MATERIALIZED (SELECT queue, state, run_at, finalized_at FROM {source}),
+              counts AS (SELECT queue, state, count(*) AS n FROM j GROUP BY queue, state),
               recent AS (SELECT queue,
                                 count(*) FILTER (WHERE state = 'completed'
                                                  AND finalized_at > now() - interval '1 hour') AS done,
                                 extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'available'))::float8 AS lag
-                         FROM awa.jobs GROUP BY queue),
+                         FROM j GROUP BY queue),
               queues AS (SELECT queue FROM counts UNION SELECT queue FROM awa.queue_meta)
          SELECT q.queue, c.state, c.n, coalesce(m.paused, false), coalesce(r.done, 0),
                 CASE WHEN r.lag IS NOT NULL THEN greatest(r.lag, 0) END
          FROM queues q LEFT JOIN counts c ON c.queue = q.queue
               LEFT JOIN awa.queue_meta m ON m.queue = q.queue
               LEFT JOIN recent r ON r.queue = q.queue
-         ORDER BY q.queue",
-    )
-    .fetch_all(executor)
-    .await?;
+         ORDER BY q.queue"
+    );
+    let rows: Vec<Row> = sqlx::query_as(&sql).fetch_all(executor).await?;
     let mut out: Vec<QueueStats> = Vec::new();
     for (queue, state, n, paused, done, lag) in rows {
         if out.last().map(|s| s.queue != queue).unwrap_or(true) {

@@ -356,3 +356,19 @@ pub async fn cancel_by_unique_key(db: &Db, key: &[u8]) -> Result<Option<JobRow>>
         None => Ok(None),
     }
 }
+
+/// Per-queue counts, throughput and lag over both engines (see [`admin::queue_stats`]).
+pub async fn queue_stats(db: &Db) -> Result<Vec<admin::QueueStats>> {
+    match readable_queue_storage(db).await? {
+        None => admin::queue_stats(db).await,
+        Some(qs) => {
+            let source = format!(
+                "(SELECT queue, state, run_at, finalized_at FROM awa.jobs
+                  UNION ALL
+                  SELECT queue, state, run_at, finalized_at FROM {}.qs_jobs) AS both_engines",
+                qs.schema()
+            );
+            admin::queue_stats_of(db, &source).await
+        }
+    }
+}
