@@ -62,13 +62,19 @@ LANGUAGE sql STABLE AS $$
     FROM awa.storage_transition_state s
 $$;
 
--- Live runtimes (refreshed within three of their intervals, and at least 30 s) by capability
--- and role; NULL matches any.
+-- Whether a runtime counts as live for a transition: refreshed within three of its intervals,
+-- and at least 30 s.
+CREATE OR REPLACE FUNCTION awa.storage_runtime_live(r awa.runtime_instances) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT r.last_seen_at + greatest(make_interval(secs => 3 * r.snapshot_interval_ms / 1000.0),
+                                     interval '30 seconds') >= now()
+$$;
+
+-- Live runtimes by capability and role; NULL matches any.
 CREATE OR REPLACE FUNCTION awa.storage_live_runtimes(p_capability text, p_role text DEFAULT NULL)
 RETURNS bigint LANGUAGE sql STABLE AS $$
     SELECT count(*) FROM awa.runtime_instances r
-    WHERE r.last_seen_at + greatest(make_interval(secs => 3 * r.snapshot_interval_ms / 1000.0),
-                                    interval '30 seconds') >= now()
+    WHERE awa.storage_runtime_live(r)
       AND (p_capability IS NULL OR r.storage_capability = p_capability)
       AND (p_role IS NULL OR r.transition_role = p_role)
 $$;

@@ -361,8 +361,8 @@ pub fn driver_insert_params(job: &NewJob) -> Vec<Option<String>> {
 }
 
 /// The distinct kinds of a batch, for the message of a unique conflict in it.
-pub(crate) fn kinds_summary(jobs: &[NewJob]) -> String {
-    let mut kinds: Vec<&str> = jobs.iter().map(|j| j.kind.as_str()).collect();
+pub(crate) fn kinds_summary<J: std::borrow::Borrow<NewJob>>(jobs: &[J]) -> String {
+    let mut kinds: Vec<&str> = jobs.iter().map(|j| j.borrow().kind.as_str()).collect();
     kinds.sort_unstable();
     kinds.dedup();
     kinds.join(", ")

@@ -97,6 +97,15 @@ pub fn forget(db: &Db) {
     }
 }
 
+/// `result`, with the cached route dropped when the write was refused as routed elsewhere,
+/// so that the next write (or the caller's retry) reads the route again.
+fn settle<T>(db: &Db, result: Result<T>) -> Result<T> {
+    if matches!(result, Err(AwaError::StorageRouteMoved(_))) {
+        forget(db);
+    }
+    result
+}
+
 /// Insert validated jobs where the route says, returning them in input order; a write the
 /// closed engine refused is retried once on the route read again.
 pub async fn insert_jobs(db: &Db, jobs: &[NewJob]) -> Result<Vec<JobRow>> {
@@ -107,21 +116,10 @@ pub async fn insert_jobs(db: &Db, jobs: &[NewJob]) -> Result<Vec<JobRow>> {
     loop {
         let result = match route(db).await? {
             Route::Canonical => crate::storage::insert::insert_jobs(db, jobs).await,
-            Route::QueueStorage(qs) => {
-                async {
-                    let mut tx = db.begin().await?;
-                    let rows = enqueue_rows(&mut tx, &qs, jobs).await?;
-                    tx.commit().await?;
-                    Ok(rows)
-                }
-                .await
-            }
+            Route::QueueStorage(qs) => enqueue_rows(db, &qs, jobs).await,
         };
-        match result {
-            Err(AwaError::StorageRouteMoved(_)) if !retried => {
-                forget(db);
-                retried = true;
-            }
+        match settle(db, result) {
+            Err(AwaError::StorageRouteMoved(_)) if !retried => retried = true,
             other => return other,
         }
     }
@@ -139,10 +137,7 @@ pub async fn insert_jobs_in(
         Route::Canonical => crate::storage::insert::insert_jobs(&mut *conn, jobs).await,
         Route::QueueStorage(qs) => enqueue_rows(conn, &qs, jobs).await,
     };
-    if matches!(result, Err(AwaError::StorageRouteMoved(_))) {
-        forget(db);
-    }
-    result
+    settle(db, result)
 }
 
 /// What a routed COPY wrote.
@@ -171,25 +166,20 @@ pub async fn copy_in(
         (Route::QueueStorage(qs), false) => qs.enqueue_copy(conn, jobs).await.map(Copied::Count),
         (Route::QueueStorage(qs), true) => enqueue_rows(conn, &qs, jobs).await.map(Copied::Rows),
     };
-    if matches!(result, Err(AwaError::StorageRouteMoved(_))) {
-        forget(db);
-    }
-    result
+    settle(db, result)
 }
 
-/// Enqueue on queue storage and return the jobs as inserted, in input order. Built from what
-/// was sent, the ids drawn and the transaction's `now()` (what the insert stored), rather than
-/// read back: the view finds an entry by id only by scanning, and canonical returns exactly
-/// these values for a new row.
-async fn enqueue_rows(
-    conn: &mut PgConnection,
+/// Enqueue on queue storage and return the jobs as inserted, in input order: one statement,
+/// which also returns its `now()`. Built from what was sent, the ids drawn and that `now()`
+/// (what the insert stored) rather than read back: the view finds an entry by id only by
+/// scanning, and canonical returns exactly these values for a new row.
+async fn enqueue_rows<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
     qs: &QueueStorage,
     jobs: &[NewJob],
 ) -> Result<Vec<JobRow>> {
-    let ids = qs.enqueue(&mut *conn, jobs).await?;
-    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
-        .fetch_one(&mut *conn)
-        .await?;
+    let refs: Vec<&NewJob> = jobs.iter().collect();
+    let (ids, now) = qs.enqueue_stamped(executor, &refs).await?;
     crate::metrics::series::record_each(
         jobs.iter().map(|j| (j.kind.as_str(), j.queue.as_str())),
         crate::metrics::series::JobEvent::Inserted,
@@ -236,29 +226,6 @@ fn new_row(id: i64, job: &NewJob, now: chrono::DateTime<chrono::Utc>) -> JobRow 
     }
 }
 
-/// The queue-storage jobs with these ids, in the order given (ids not found are left out).
-async fn qs_rows(conn: &mut PgConnection, qs: &QueueStorage, ids: &[i64]) -> Result<Vec<JobRow>> {
-    let sql = format!(
-        "SELECT {cols} FROM unnest($1::bigint[]) WITH ORDINALITY AS t(id, ord)
-         JOIN {schema}.qs_jobs j ON j.id = t.id ORDER BY t.ord",
-        cols = qualified_columns("j"),
-        schema = qs.schema(),
-    );
-    let rows = sqlx::query(&sql).bind(ids).fetch_all(&mut *conn).await?;
-    rows.iter()
-        .map(|r| JobRow::from_row(r).map_err(AwaError::from))
-        .collect()
-}
-
-/// [`JOB_COLUMNS`] qualified by a table alias (the unnest's `id` would be ambiguous).
-fn qualified_columns(alias: &str) -> String {
-    JOB_COLUMNS
-        .split(',')
-        .map(|c| format!("{alias}.{}", c.trim()))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// The queue-storage schema whose jobs reads should include: the active one, else the one a
 /// mixed transition routed to (kept in `awa.runtime_storage_backends`).
 pub async fn readable_queue_storage(db: &Db) -> Result<Option<Arc<QueueStorage>>> {
@@ -281,11 +248,14 @@ pub async fn get_job(db: &Db, id: i64) -> Result<JobRow> {
     let Some(qs) = readable_queue_storage(db).await? else {
         return Err(AwaError::JobNotFound(id));
     };
-    let mut conn = db.pool().acquire().await?;
-    qs_rows(&mut conn, &qs, &[id])
-        .await?
-        .pop()
-        .ok_or(AwaError::JobNotFound(id))
+    let sql = format!(
+        "SELECT {JOB_COLUMNS} FROM {}.qs_jobs WHERE id = $1",
+        qs.schema()
+    );
+    match sqlx::query(&sql).bind(id).fetch_optional(db).await? {
+        Some(row) => Ok(JobRow::from_row(&row)?),
+        None => Err(AwaError::JobNotFound(id)),
+    }
 }
 
 /// Jobs matching a filter on both engines, newest id first.

@@ -260,9 +260,7 @@ pub async fn status(db: &Db) -> Result<Value> {
     let counts: Value = sqlx::query_scalar(
         "SELECT coalesce(jsonb_object_agg(c, n), '{}'::jsonb) FROM (
              SELECT storage_capability AS c, count(*) AS n FROM awa.runtime_instances r
-             WHERE r.last_seen_at + greatest(make_interval(secs => 3 * r.snapshot_interval_ms / 1000.0),
-                                             interval '30 seconds') >= now()
-             GROUP BY 1) t",
+             WHERE awa.storage_runtime_live(r) GROUP BY 1) t",
     )
     .fetch_one(&mut *tx)
     .await?;

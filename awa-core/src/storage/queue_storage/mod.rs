@@ -209,13 +209,21 @@ impl QueueStorage {
         executor: E,
         jobs: &[&NewJob],
     ) -> Result<Vec<i64>> {
+        Ok(self.enqueue_stamped(executor, jobs).await?.0)
+    }
+
+    /// [`QueueStorage::enqueue_refs`], also returning the statement's `now()`: the
+    /// `created_at` (and, for a job without `run_at`, the `run_at`) the jobs were stored with,
+    /// so a caller can return the new rows without a second round trip.
+    pub(crate) async fn enqueue_stamped<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        executor: E,
+        jobs: &[&NewJob],
+    ) -> Result<(Vec<i64>, DateTime<Utc>)> {
+        let rows = self.enqueue_with(executor, jobs, true, false).await?;
+        let now = rows.first().map_or_else(Utc::now, |(_, at)| *at);
         // Without skipping, every job is inserted or the call fails: each id is there.
-        Ok(self
-            .enqueue_with(executor, jobs, true, false)
-            .await?
-            .into_iter()
-            .flatten()
-            .collect())
+        Ok((rows.into_iter().filter_map(|(id, _)| id).collect(), now))
     }
 
     /// Insert follow-ups inside a completion's transaction: as [`QueueStorage::enqueue_refs`]
@@ -227,7 +235,8 @@ impl QueueStorage {
         executor: E,
         jobs: &[&NewJob],
     ) -> Result<Vec<Option<i64>>> {
-        self.enqueue_with(executor, jobs, false, true).await
+        let rows = self.enqueue_with(executor, jobs, false, true).await?;
+        Ok(rows.into_iter().map(|(id, _)| id).collect())
     }
 
     async fn enqueue_with<'e, E: sqlx::PgExecutor<'e>>(
@@ -236,12 +245,13 @@ impl QueueStorage {
         jobs: &[&NewJob],
         notify: bool,
         skip_held: bool,
-    ) -> Result<Vec<Option<i64>>> {
+    ) -> Result<Vec<(Option<i64>, DateTime<Utc>)>> {
         let sql = format!(
-            "SELECT * FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+            "SELECT q.id, now() FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                 AS q(id)",
             self.name("qs_enqueue")
         );
-        let result = sqlx::query_scalar(&sql)
+        let result = sqlx::query_as(&sql)
             .bind(jobs.iter().map(|j| j.kind.as_str()).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| j.queue.as_str()).collect::<Vec<_>>())
             .bind(jobs.iter().map(|j| &j.args).collect::<Vec<_>>())
@@ -278,12 +288,7 @@ impl QueueStorage {
             Ok(ids) => Ok(ids),
             // The same class and message as canonical's insert (`storage::insert`).
             Err(e) if crate::error::is_unique_conflict(&e) => Err(AwaError::UniqueConflict {
-                kind: if jobs.len() == 1 {
-                    jobs[0].kind.clone()
-                } else {
-                    let owned: Vec<NewJob> = jobs.iter().map(|j| (*j).clone()).collect();
-                    crate::storage::insert::kinds_summary(&owned)
-                },
+                kind: crate::storage::insert::kinds_summary(jobs),
             }),
             Err(e) => Err(e.into()),
         }
