@@ -114,7 +114,7 @@ def main() -> int:
                 c.migrate()
                 c._run(c._async._execute(FILL, args.jobs))
                 c._run(c._async._execute(DLQ_FILL, args.jobs * 2, args.dlq))
-                c._run(c._async._execute("VACUUM (ANALYZE) awa.jobs"))
+                c._run(c._async._execute("VACUUM (ANALYZE) awa.canonical_jobs"))
                 c._run(c._async._execute("VACUUM (ANALYZE) awa.jobs_dlq"))
         fill_s = time.perf_counter() - t0
         print(f"filled {args.jobs} jobs and {args.dlq} DLQ rows in {fill_s:.0f} s", file=sys.stderr)

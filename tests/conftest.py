@@ -76,7 +76,7 @@ def _truncate(c: awa.Client) -> None:
     # A transaction a failed test left open would make the TRUNCATE wait for good.
     c._run(c._async._execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
                                "current_database() AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'"))
-    c._run(c._async._execute("TRUNCATE awa.jobs, awa.jobs_dlq, awa.queue_meta, awa.cron_jobs, awa.runtime_instances, "
+    c._run(c._async._execute("TRUNCATE awa.canonical_jobs, awa.jobs_dlq, awa.queue_meta, awa.cron_jobs, awa.runtime_instances, "
                                "awa.batch_operations, awa.queue_descriptors, awa.job_kind_descriptors RESTART IDENTITY"))
     if ENGINE == "queue_storage":
         c.install_queue_storage(reset=True)

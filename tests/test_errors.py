@@ -65,7 +65,7 @@ async def test_a_typo_in_user_sql_is_a_database_error_with_the_servers_message(c
 
 def test_schema_not_migrated_names_the_missing_awa_object(empty_database: str) -> None:
     with awa.Client(empty_database) as c:
-        with pytest.raises(awa.SchemaNotMigrated, match=r'relation "awa\.jobs" does not exist.*call migrate\(\)'):
+        with pytest.raises(awa.SchemaNotMigrated, match=r'relation "awa\.canonical_jobs" does not exist.*call migrate\(\)'):
             c.insert({"n": 1}, kind="k")
         with pytest.raises(awa.SchemaNotMigrated):
             c.enqueue_many_copy([{"n": 1}], kind="k")

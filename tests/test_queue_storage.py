@@ -34,7 +34,7 @@ async def qdb(empty_database: str) -> AsyncIterator[str]:
 async def _canonical_count(client: awa.AsyncClient) -> int:
     tx = await client.transaction()
     try:
-        row = await tx.fetch_one("SELECT count(*)::int AS n FROM awa.jobs")
+        row = await tx.fetch_one("SELECT count(*)::int AS n FROM awa.canonical_jobs")
     finally:
         await tx.rollback()
     return int(row["n"])
@@ -203,7 +203,7 @@ async def test_a_live_transition_moves_producers_and_loses_nothing(qdb: str) -> 
             assert final["finalized_at"] is not None
             # Canonical takes no new job now, whoever writes it.
             tx = await ops.transaction()
-            with pytest.raises(awa.AwaError, match="awa.jobs takes no new jobs: the active storage "
+            with pytest.raises(awa.AwaError, match="canonical storage takes no new jobs: the active storage "
                                "engine is queue storage"):
                 await tx.execute("INSERT INTO awa.jobs (kind, queue, args) VALUES ('x', 't', '{}')")
             await tx.rollback()
@@ -343,5 +343,5 @@ def test_bridge_inserts_on_the_applications_connection_go_to_queue_storage(qdb: 
         assert (job.state, job.tags, row["state"], row["attempt"], row["tags"]) == (
             "available", ["t"], "available", 0, ["t"])
         tx = client.transaction()
-        assert tx.fetch_one("SELECT count(*)::int AS n FROM awa.jobs")["n"] == 0
+        assert tx.fetch_one("SELECT count(*)::int AS n FROM awa.canonical_jobs")["n"] == 0
         tx.rollback()

@@ -97,10 +97,10 @@ async def test_a_failed_insert_marks_the_transaction_failed(client: awa.AsyncCli
         "CREATE OR REPLACE FUNCTION pg_temp_reject() RETURNS trigger LANGUAGE plpgsql AS "
         "$$ BEGIN IF NEW.kind = 'rejected' THEN RAISE EXCEPTION 'rejected by trigger'; END IF; RETURN NEW; END $$"
     )
-    await client._execute("DROP TRIGGER IF EXISTS reject_kind ON awa.jobs")
+    await client._execute("DROP TRIGGER IF EXISTS reject_kind ON awa.canonical_jobs")
     try:
         await client._execute(
-            "CREATE TRIGGER reject_kind BEFORE INSERT ON awa.jobs FOR EACH ROW EXECUTE FUNCTION pg_temp_reject()"
+            "CREATE TRIGGER reject_kind BEFORE INSERT ON awa.canonical_jobs FOR EACH ROW EXECUTE FUNCTION pg_temp_reject()"
         )
     except awa.DatabaseError:
         pytest.skip("awa.jobs is a view on this engine; no row trigger")
@@ -114,7 +114,7 @@ async def test_a_failed_insert_marks_the_transaction_failed(client: awa.AsyncCli
                     await tx.commit()
             assert await _kinds(client) == []
     finally:
-        await client._execute("DROP TRIGGER IF EXISTS reject_kind ON awa.jobs")
+        await client._execute("DROP TRIGGER IF EXISTS reject_kind ON awa.canonical_jobs")
         await client._execute("DROP FUNCTION IF EXISTS pg_temp_reject()")
 
 

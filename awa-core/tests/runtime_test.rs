@@ -800,7 +800,7 @@ async fn finalization_past_its_deadline(batch_follow_ups: bool) {
         "CREATE FUNCTION gated_insert() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN IF NEW.kind = 'slow' THEN PERFORM pg_advisory_xact_lock_shared({INSERT_GATE}); END IF;
          RETURN NEW; END $$;
-         CREATE TRIGGER gated_insert BEFORE INSERT ON awa.jobs FOR EACH ROW EXECUTE FUNCTION gated_insert();"
+         CREATE TRIGGER gated_insert BEFORE INSERT ON awa.canonical_jobs FOR EACH ROW EXECUTE FUNCTION gated_insert();"
     ))
     .execute(&db.pool)
     .await

@@ -1128,7 +1128,7 @@ async fn a_rejected_insert_rolls_the_whole_completion_back(path: Path) {
         get_job(&db.pool, job.id).await.expect("get").state,
         JobState::Running
     );
-    sqlx::query("DROP TRIGGER test_reject_insert ON awa.jobs")
+    sqlx::query("DROP TRIGGER test_reject_insert ON awa.canonical_jobs")
         .execute(&db.pool)
         .await
         .expect("drop trigger");
@@ -1152,7 +1152,7 @@ async fn a_unique_violation_on_another_index_rolls_the_completion_back(path: Pat
     // An application's own unique index on the follow-up's table: only a conflict on
     // idx_awa_jobs_unique is a duplicate to skip; this one is an error like any other.
     sqlx::query(
-        "CREATE UNIQUE INDEX test_item_unique ON awa.jobs ((args->>'item_id')) \
+        "CREATE UNIQUE INDEX test_item_unique ON awa.canonical_jobs ((args->>'item_id')) \
          WHERE kind = 'stage_b'",
     )
     .execute(&db.pool)
@@ -1691,7 +1691,7 @@ async fn the_follow_up_span_is_a_child_of_the_span_current_when_staged(path: Pat
     .execute(&db.pool)
     .await
     .expect("create function");
-    sqlx::query("CREATE TRIGGER test_slow_insert BEFORE INSERT ON awa.jobs FOR EACH ROW EXECUTE FUNCTION awa.test_slow_insert()")
+    sqlx::query("CREATE TRIGGER test_slow_insert BEFORE INSERT ON awa.canonical_jobs FOR EACH ROW EXECUTE FUNCTION awa.test_slow_insert()")
         .execute(&db.pool)
         .await
         .expect("create trigger");

@@ -19,7 +19,7 @@ fn job(n: i64) -> NewJob {
 }
 
 async fn canonical_ids(db: &TestDb) -> Vec<i64> {
-    sqlx::query_scalar("SELECT id FROM awa.jobs ORDER BY id")
+    sqlx::query_scalar("SELECT id FROM awa.canonical_jobs ORDER BY id")
         .fetch_all(db.pool.pool())
         .await
         .expect("read canonical")
@@ -151,4 +151,126 @@ async fn finalize_waits_for_the_canonical_backlog_and_steps_are_refused_out_of_o
     let status = transition::status(ops).await.expect("status");
     assert_eq!(status["canonical_live_backlog"], 1);
     assert_eq!(status["prepared_schema_ready"], false);
+}
+
+/// The shape `awa.jobs` has now (migration 13 records it as the view's comment).
+async fn view_shape(db: &TestDb) -> String {
+    sqlx::query_scalar("SELECT obj_description('awa.jobs'::regclass, 'pg_class')")
+        .fetch_one(db.pool.pool())
+        .await
+        .expect("read the view's shape")
+}
+
+async fn view_ids(db: &TestDb) -> Vec<(i64, String)> {
+    sqlx::query_as("SELECT id, state FROM awa.jobs ORDER BY id")
+        .fetch_all(db.pool.pool())
+        .await
+        .expect("read awa.jobs")
+}
+
+#[tokio::test]
+async fn awa_jobs_is_a_view_of_every_job_on_either_engine() {
+    let db = TestDb::new().await;
+    let ops = &db.pool;
+    let sql = db.pool.pool();
+    // Canonical only: a plain view over canonical's table, written through as the table was.
+    assert_eq!(view_shape(&db).await, "canonical");
+    let c = routing::insert_jobs(ops, &[job(1)]).await.expect("insert")[0].id;
+    let id: i64 =
+        sqlx::query_scalar("INSERT INTO awa.jobs (kind, args) VALUES ('adhoc', '{}') RETURNING id")
+            .fetch_one(sql)
+            .await
+            .expect("insert through the view");
+    let done = sqlx::query("UPDATE awa.jobs SET priority = 1 WHERE id = ANY($1)")
+        .bind(vec![c, id])
+        .execute(sql)
+        .await
+        .expect("update through the view");
+    assert_eq!(done.rows_affected(), 2);
+    sqlx::query("DELETE FROM awa.jobs WHERE id = $1")
+        .bind(id)
+        .execute(sql)
+        .await
+        .expect("delete through the view");
+
+    // A live transition: new jobs go to queue storage, and the view shows both engines.
+    transition::step(ops, "prepare", Some("awa"))
+        .await
+        .expect("prepare");
+    let qs = transition::queue_storage("awa", 4, 2).expect("config");
+    transition::prepare_queue_storage_schema(ops, &qs)
+        .await
+        .expect("prepare schema");
+    assert_eq!(
+        view_shape(&db).await,
+        "canonical",
+        "nothing is routed there yet"
+    );
+    sqlx::query(
+        "INSERT INTO awa.runtime_instances
+             (pid, version, snapshot_interval_ms, storage_capability, transition_role)
+         VALUES (1, 'test', 1000, 'queue_storage', 'queue_storage_target')",
+    )
+    .execute(sql)
+    .await
+    .expect("fake target");
+    transition::step(ops, "enter_mixed_transition", None)
+        .await
+        .expect("enter mixed");
+    assert_eq!(view_shape(&db).await, "canonical+queue_storage:awa");
+    let p = producer(&db);
+    let q = routing::insert_jobs(&p, &[job(2)]).await.expect("insert")[0].id;
+    assert_eq!(
+        qs.jobs(ops).await.expect("qs jobs")[0].id,
+        q,
+        "the job went to queue storage"
+    );
+    assert_eq!(
+        view_ids(&db).await,
+        vec![(c, "available".to_string()), (q, "available".to_string())]
+    );
+    // Ad-hoc writes reach canonical's rows and are refused, typed, on queue storage's.
+    let done = sqlx::query("UPDATE awa.jobs SET priority = 3 WHERE id = $1 RETURNING priority")
+        .bind(c)
+        .fetch_one(sql)
+        .await
+        .expect("update a canonical job through the view");
+    assert_eq!(sqlx::Row::get::<i16, _>(&done, "priority"), 3);
+    let refused = sqlx::query("UPDATE awa.jobs SET priority = 3 WHERE id = $1")
+        .bind(q)
+        .execute(sql)
+        .await
+        .expect_err("queue storage's jobs are not written through awa.jobs");
+    let e = refused.as_database_error().expect("a database error");
+    assert_eq!(e.code().as_deref(), Some("55000"));
+    assert!(
+        e.message().contains("is on queue storage"),
+        "{}",
+        e.message()
+    );
+    let refused = sqlx::query("DELETE FROM awa.jobs WHERE id = $1")
+        .bind(q)
+        .execute(sql)
+        .await
+        .expect_err("nor deleted through it");
+    assert_eq!(
+        refused
+            .as_database_error()
+            .and_then(|e| e.code())
+            .as_deref(),
+        Some("55000")
+    );
+    assert_eq!(view_ids(&db).await.len(), 2, "nothing was lost");
+
+    // Back to canonical: once queue storage is no longer readable the view is plain again.
+    sqlx::query("DELETE FROM awa.runtime_instances")
+        .execute(sql)
+        .await
+        .expect("target gone");
+    qs.cancel(ops, q)
+        .await
+        .expect("cancel the queue-storage job");
+    transition::step(ops, "abort", None).await.expect("abort");
+    assert_eq!(view_shape(&db).await, "canonical");
+    assert_eq!(view_ids(&db).await, vec![(c, "available".to_string())]);
 }

@@ -307,7 +307,8 @@ async fn a_foreign_schema_is_refused_and_left_alone() {
             assert_eq!(*version, None);
         }
         let tables: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_tables WHERE schemaname = 'awa' AND tablename = 'jobs'",
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = 'awa' AND c.relname IN ('jobs', 'canonical_jobs')",
         )
         .fetch_one(&db.pool)
         .await

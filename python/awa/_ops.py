@@ -189,8 +189,8 @@ class Ops:
             "SELECT v.state, (v.freq * greatest(c.reltuples, 0))::bigint AS n "
             "FROM pg_stats s CROSS JOIN pg_class c "
             "CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS v(state, freq) "
-            "WHERE s.schemaname = 'awa' AND s.tablename = 'jobs' AND s.attname = 'state' "
-            "AND c.oid = 'awa.jobs'::regclass"
+            "WHERE s.schemaname = 'awa' AND s.tablename = 'canonical_jobs' AND s.attname = 'state' "
+            "AND c.oid = 'awa.canonical_jobs'::regclass"
         )
         return {r["state"]: int(r["n"]) for r in rows}
 

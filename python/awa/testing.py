@@ -145,7 +145,7 @@ class AwaTestClient:
 
     async def clean(self) -> None:
         """Delete every job, dead-lettered job and queue setting."""
-        await self.client._execute("TRUNCATE awa.jobs, awa.jobs_dlq, awa.queue_meta")
+        await self.client._execute("TRUNCATE awa.canonical_jobs, awa.jobs_dlq, awa.queue_meta")
 
     async def work_one(self, args_type: Any, handler: Any, *, kind: Optional[str] = None, queue: str = "default") -> WorkResult:
         """Claim the next job of ``queue`` and run ``handler`` on it through the real path."""

@@ -186,7 +186,7 @@ impl JobContext {
             buf.value.clone()
         };
         sqlx::query(
-            "UPDATE awa.jobs SET progress = $3 WHERE id = $1 AND run_lease = $2 AND state = 'running'",
+            "UPDATE awa.canonical_jobs SET progress = $3 WHERE id = $1 AND run_lease = $2 AND state = 'running'",
         )
         .bind(self.job.id)
         .bind(self.job.run_lease)

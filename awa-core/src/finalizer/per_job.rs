@@ -386,7 +386,7 @@ async fn run_guarded_update(conn: &mut PgConnection, fin: &Finalization) -> Resu
         _ => (None, None, None),
     };
     let sql = format!(
-        "UPDATE awa.jobs SET {}, heartbeat_at = NULL,
+        "UPDATE awa.canonical_jobs SET {}, heartbeat_at = NULL,
              callback_id = NULL, callback_timeout_at = NULL, callback_result = NULL
          WHERE id = $1 AND run_lease = $2 AND state = 'running'",
         set_clause(&fin.transition)
@@ -417,7 +417,7 @@ async fn park_waiting(
     // it as a park immediately followed by the resume: the job becomes available again,
     // exactly as `resume_external` does for a parked job.
     let parked: Option<String> = sqlx::query_scalar(
-        "UPDATE awa.jobs SET
+        "UPDATE awa.canonical_jobs SET
              state = CASE WHEN callback_id IS NULL THEN 'available' ELSE 'waiting_external' END,
              run_at = CASE WHEN callback_id IS NULL THEN now() ELSE run_at END,
              attempt = CASE WHEN callback_id IS NULL THEN greatest(attempt - 1, 0) ELSE attempt END,

@@ -14,8 +14,8 @@ pub async fn prune_terminal(
     batch: usize,
 ) -> Result<u64> {
     let done = sqlx::query(
-        "DELETE FROM awa.jobs WHERE id IN (
-             SELECT id FROM awa.jobs
+        "DELETE FROM awa.canonical_jobs WHERE id IN (
+             SELECT id FROM awa.canonical_jobs
              WHERE (state = 'completed' AND finalized_at < now() - make_interval(secs => $1))
                 OR (state IN ('failed', 'cancelled') AND finalized_at < now() - make_interval(secs => $2))
              LIMIT $3)",

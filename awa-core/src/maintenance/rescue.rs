@@ -50,9 +50,9 @@ pub async fn rescue_stale_with_specs(
     let mut tx = pool.begin().await?;
     let rescued: Vec<(i64, String, String, String)> = sqlx::query_as(&format!(
         "WITH stuck AS (
-             SELECT id FROM awa.jobs WHERE {condition} AND $1 >= 0
+             SELECT id FROM awa.canonical_jobs WHERE {condition} AND $1 >= 0
              ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED)
-         UPDATE awa.jobs j SET
+         UPDATE awa.canonical_jobs j SET
              state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                           WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'retryable' END,
              finalized_at = CASE WHEN j.cancel_requested_at IS NOT NULL
@@ -86,7 +86,7 @@ pub async fn rescue_stale_with_specs(
             continue;
         }
         let rows = sqlx::query(&format!(
-            "SELECT {JOB_COLUMNS} FROM awa.jobs WHERE id = ANY($1) ORDER BY id"
+            "SELECT {JOB_COLUMNS} FROM awa.canonical_jobs WHERE id = ANY($1) ORDER BY id"
         ))
         .bind(ids)
         .fetch_all(&mut *tx)
@@ -118,7 +118,7 @@ pub async fn rescue_stale_with_specs(
 pub async fn promote_due(pool: &Db) -> Result<u64> {
     let n: i64 = sqlx::query_scalar(
         "WITH due AS (
-             SELECT id FROM awa.jobs j
+             SELECT id FROM awa.canonical_jobs j
              WHERE state IN ('scheduled', 'retryable') AND run_at <= now()
                -- A job whose unique states hold 'available' but not its current state would
                -- take its key back on promotion: while another row holds that key it stays
@@ -127,12 +127,12 @@ pub async fn promote_due(pool: &Db) -> Result<u64> {
                     OR (j.unique_states & awa.state_bit(j.state)) <> 0
                     OR (j.unique_states & awa.state_bit('available')) = 0
                     OR NOT EXISTS (
-                        SELECT 1 FROM awa.jobs o
+                        SELECT 1 FROM awa.canonical_jobs o
                         WHERE o.unique_key = j.unique_key AND o.id <> j.id
                           AND (o.unique_states & awa.state_bit(o.state)) <> 0))
              ORDER BY run_at LIMIT 5000 FOR UPDATE SKIP LOCKED),
          promoted AS (
-             UPDATE awa.jobs j SET state = 'available' FROM due WHERE j.id = due.id RETURNING j.queue),
+             UPDATE awa.canonical_jobs j SET state = 'available' FROM due WHERE j.id = due.id RETURNING j.queue),
          woken AS (SELECT pg_notify(awa.queue_channel(q.queue), '') FROM (SELECT DISTINCT queue FROM promoted) q)
          SELECT (SELECT count(*) FROM promoted) + 0 * (SELECT count(*) FROM woken)",
     )

@@ -7,7 +7,7 @@ use sqlx::PgExecutor;
 
 /// Fetch one job by id.
 pub async fn get_job<'e, E: PgExecutor<'e>>(executor: E, id: i64) -> Result<JobRow> {
-    let sql = format!("SELECT {JOB_COLUMNS} FROM awa.jobs WHERE id = $1");
+    let sql = format!("SELECT {JOB_COLUMNS} FROM awa.canonical_jobs WHERE id = $1");
     let row = sqlx::query(&sql).bind(id).fetch_optional(executor).await?;
     match row {
         Some(r) => Ok(JobRow::from_row(&r)?),
@@ -31,7 +31,7 @@ pub async fn list_jobs<'e, E: PgExecutor<'e>>(
     filter: &JobFilter,
 ) -> Result<Vec<JobRow>> {
     let sql = format!(
-        "SELECT {JOB_COLUMNS} FROM awa.jobs
+        "SELECT {JOB_COLUMNS} FROM awa.canonical_jobs
          WHERE ($1::text IS NULL OR state = $1)
            AND ($2::text IS NULL OR kind = $2)
            AND ($3::text IS NULL OR queue = $3)
@@ -60,12 +60,12 @@ pub async fn cancel(pool: &crate::storage::pool::Db, id: i64) -> Result<JobRow> 
     // Lock the row first: between reading a running job and recording the cancel request, a
     // release (claim-ahead at shutdown) or a rescue could otherwise make it available or
     // retryable, and the request would be dropped without a word.
-    sqlx::query("SELECT 1 FROM awa.jobs WHERE id = $1 FOR UPDATE")
+    sqlx::query("SELECT 1 FROM awa.canonical_jobs WHERE id = $1 FOR UPDATE")
         .bind(id)
         .execute(&mut *tx)
         .await?;
     let sql = format!(
-        "UPDATE awa.jobs SET state = 'cancelled', finalized_at = now(), callback_id = NULL,
+        "UPDATE awa.canonical_jobs SET state = 'cancelled', finalized_at = now(), callback_id = NULL,
              callback_timeout_at = NULL, heartbeat_at = NULL
          WHERE id = $1 AND state IN ('scheduled', 'available', 'retryable', 'waiting_external')
          RETURNING {JOB_COLUMNS}"
@@ -77,7 +77,7 @@ pub async fn cancel(pool: &crate::storage::pool::Db, id: i64) -> Result<JobRow> 
     let job = get_job(&mut *tx, id).await?;
     if job.state == JobState::Running {
         sqlx::query(
-            "UPDATE awa.jobs SET cancel_requested_at = now() WHERE id = $1 AND state = 'running'",
+            "UPDATE awa.canonical_jobs SET cancel_requested_at = now() WHERE id = $1 AND state = 'running'",
         )
         .bind(id)
         .execute(&mut *tx)
@@ -98,7 +98,7 @@ pub async fn cancel_by_unique_key(
     key: &[u8],
 ) -> Result<Option<JobRow>> {
     let id: Option<i64> = sqlx::query_scalar(
-        "SELECT id FROM awa.jobs WHERE unique_key = $1
+        "SELECT id FROM awa.canonical_jobs WHERE unique_key = $1
            AND state NOT IN ('completed', 'failed', 'cancelled') ORDER BY id DESC LIMIT 1",
     )
     .bind(key)
@@ -114,15 +114,15 @@ pub async fn cancel_by_unique_key(
 /// "one attempt's follow-ups" hold (ADR-046).
 pub async fn retry<'e, E: PgExecutor<'e>>(executor: E, id: i64) -> Result<JobRow> {
     let sql = format!(
-        "WITH target AS (SELECT id, state FROM awa.jobs WHERE id = $1 FOR UPDATE),
+        "WITH target AS (SELECT id, state FROM awa.canonical_jobs WHERE id = $1 FOR UPDATE),
          updated AS (
-             UPDATE awa.jobs j SET state = 'available', run_at = now(), finalized_at = NULL,
+             UPDATE awa.canonical_jobs j SET state = 'available', run_at = now(), finalized_at = NULL,
                  max_attempts = greatest(j.max_attempts, least(j.attempt + 1, 1000))
              FROM target t WHERE j.id = t.id AND t.state IN ('failed', 'cancelled', 'retryable', 'scheduled')
              RETURNING j.*)
          SELECT {JOB_COLUMNS}, true AS changed FROM updated
          UNION ALL
-         SELECT {JOB_COLUMNS}, false AS changed FROM awa.jobs WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM updated)"
+         SELECT {JOB_COLUMNS}, false AS changed FROM awa.canonical_jobs WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM updated)"
     );
     let row = sqlx::query(&sql).bind(id).fetch_optional(executor).await?;
     let Some(row) = row else {
@@ -216,7 +216,7 @@ pub async fn set_queue_dlq<'e, E: PgExecutor<'e>>(
 /// Cancel every job of a queue that has not started; returns how many.
 pub async fn drain_queue<'e, E: PgExecutor<'e>>(executor: E, queue: &str) -> Result<u64> {
     Ok(sqlx::query(
-        "UPDATE awa.jobs SET state = 'cancelled', finalized_at = now()
+        "UPDATE awa.canonical_jobs SET state = 'cancelled', finalized_at = now()
          WHERE queue = $1 AND state IN ('scheduled', 'available', 'retryable')",
     )
     .bind(queue)
@@ -238,7 +238,7 @@ pub struct QueueStats {
 }
 
 pub async fn queue_stats<'e, E: PgExecutor<'e>>(executor: E) -> Result<Vec<QueueStats>> {
-    queue_stats_of(executor, "awa.jobs").await
+    queue_stats_of(executor, "awa.canonical_jobs").await
 }
 
 /// [`queue_stats`] over `source`: `awa.jobs`, or a relation with its `queue`, `state`,
@@ -306,10 +306,10 @@ pub async fn retry_failed<'e, E: PgExecutor<'e>>(
     // The LEFT JOIN keeps one row (the count, no job) when nothing was updated.
     let sql = format!(
         "WITH matched AS (
-             SELECT id FROM awa.jobs WHERE state = 'failed'
+             SELECT id FROM awa.canonical_jobs WHERE state = 'failed'
                AND ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2)),
          updated AS (
-             UPDATE awa.jobs j SET state = 'available', run_at = now(), finalized_at = NULL,
+             UPDATE awa.canonical_jobs j SET state = 'available', run_at = now(), finalized_at = NULL,
                  max_attempts = greatest(j.max_attempts, least(j.attempt + 1, 1000))
              FROM matched m WHERE j.id = m.id AND j.state = 'failed'
              RETURNING j.*)
@@ -348,7 +348,7 @@ pub async fn discard_failed<'e, E: PgExecutor<'e>>(
     queue: Option<&str>,
 ) -> Result<u64> {
     Ok(sqlx::query(
-        "DELETE FROM awa.jobs WHERE state = 'failed' AND kind = $1 AND ($2::text IS NULL OR queue = $2)",
+        "DELETE FROM awa.canonical_jobs WHERE state = 'failed' AND kind = $1 AND ($2::text IS NULL OR queue = $2)",
     )
     .bind(kind)
     .bind(queue)

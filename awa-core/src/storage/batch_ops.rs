@@ -396,13 +396,14 @@ pub struct Preview {
 /// Count the queued jobs `request` matches and show the first ten of them (by id).
 /// Changes nothing; needs no `allow_all`.
 pub async fn preview(pool: &Db, request: &BatchRequest) -> Result<Preview> {
-    let count_sql = format!("SELECT count(*) FROM awa.jobs WHERE {FILTER_SQL}");
+    let count_sql = format!("SELECT count(*) FROM awa.canonical_jobs WHERE {FILTER_SQL}");
     let total_matched: i64 = bind_filter(sqlx::query(&count_sql), &request.filter)
         .fetch_one(pool)
         .await?
         .try_get(0)?;
-    let sample_sql =
-        format!("SELECT {JOB_COLUMNS} FROM awa.jobs WHERE {FILTER_SQL} ORDER BY id LIMIT $8");
+    let sample_sql = format!(
+        "SELECT {JOB_COLUMNS} FROM awa.canonical_jobs WHERE {FILTER_SQL} ORDER BY id LIMIT $8"
+    );
     let rows = bind_filter(sqlx::query(&sample_sql), &request.filter)
         .bind(PREVIEW_SAMPLE)
         .fetch_all(pool)
@@ -497,7 +498,7 @@ pub async fn submit(
     }
     let sql = format!(
         "INSERT INTO awa.batch_operations (op_kind, filter, spec, submitted_by, snapshot_max_id)
-         VALUES ($1, $2, $3, $4, (SELECT coalesce(max(id), 0) FROM awa.jobs))
+         VALUES ($1, $2, $3, $4, (SELECT coalesce(max(id), 0) FROM awa.canonical_jobs))
          RETURNING {OP_COLUMNS}"
     );
     let row = sqlx::query(&sql)
@@ -734,7 +735,7 @@ pub(crate) async fn scan(
     runner: Option<&str>,
 ) -> Result<(Cursor, i64)> {
     let sql = format!(
-        "SELECT count(*) AS n, coalesce(max(id), 0) AS top FROM awa.jobs
+        "SELECT count(*) AS n, coalesce(max(id), 0) AS top FROM awa.canonical_jobs
          WHERE {FILTER_SQL} AND id <= $8"
     );
     let row = bind_filter(sqlx::query(&sql), filter)
@@ -785,7 +786,7 @@ pub(crate) async fn apply_chunk(
     // this; a row a claimer holds is waited for and then re-checked, so a job that has just
     // started running is left alone.
     let sql = format!(
-        "SELECT id FROM awa.jobs WHERE {FILTER_SQL} AND id > $8 AND id <= $9
+        "SELECT id FROM awa.canonical_jobs WHERE {FILTER_SQL} AND id > $8 AND id <= $9
          ORDER BY id LIMIT $10 FOR UPDATE"
     );
     let ids: Vec<i64> = bind_filter(sqlx::query(&sql), filter)
@@ -804,7 +805,7 @@ pub(crate) async fn apply_chunk(
     // Only rows that really change are written (and counted as processed); a job already at
     // the target is skipped, as in awa-pg.
     let moved: Vec<(String, String)> = sqlx::query_as(
-        "UPDATE awa.jobs SET queue = coalesce($2, queue), priority = coalesce($3, priority)
+        "UPDATE awa.canonical_jobs SET queue = coalesce($2, queue), priority = coalesce($3, priority)
          WHERE id = ANY($1) AND state IN ('available', 'scheduled')
            AND (($2::text IS NOT NULL AND queue <> $2)
                 OR ($3::smallint IS NOT NULL AND priority <> $3))

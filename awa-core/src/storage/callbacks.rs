@@ -48,12 +48,12 @@ pub async fn register_callback_with(
     };
     let id: Option<String> = sqlx::query_scalar(
         "WITH new AS (SELECT gen_random_uuid() AS id)
-         UPDATE awa.jobs SET callback_id = new.id, callback_result = NULL,
+         UPDATE awa.canonical_jobs SET callback_id = new.id, callback_result = NULL,
              callback_timeout_at = now() + make_interval(secs => $3),
              callback_rules = CASE WHEN $4::jsonb IS NULL THEN NULL
                  ELSE $4::jsonb || jsonb_build_object('callback_id', new.id::text) END
          FROM new
-         WHERE awa.jobs.id = $1 AND run_lease = $2 AND state = 'running'
+         WHERE awa.canonical_jobs.id = $1 AND run_lease = $2 AND state = 'running'
          RETURNING new.id::text",
     )
     .bind(job_id)
@@ -102,7 +102,7 @@ enum Param2 {
 /// handler) and return it; no such job is [`AwaError::CallbackNotFound`].
 async fn resolve(conn: &mut PgConnection, id: &str, set: &str, param: Param2) -> Result<JobRow> {
     let sql = format!(
-        "UPDATE awa.jobs SET {set}
+        "UPDATE awa.canonical_jobs SET {set}
          WHERE callback_id = $1::uuid AND state IN ('waiting_external', 'running')
          RETURNING {JOB_COLUMNS}"
     );
@@ -220,7 +220,7 @@ pub async fn resolve_callback(
     let stored: Option<Option<serde_json::Value>> = sqlx::query_scalar(
         "SELECT CASE WHEN callback_rules->>'callback_id' = callback_id::text
                      THEN callback_rules - 'callback_id' END
-         FROM awa.jobs
+         FROM awa.canonical_jobs
          WHERE callback_id = $1::uuid AND state IN ('waiting_external', 'running')
          FOR UPDATE",
     )
@@ -350,9 +350,9 @@ pub(crate) async fn poll_wait(
     token: &str,
 ) -> Result<WaitState> {
     let taken: Option<serde_json::Value> = sqlx::query_scalar(
-        "UPDATE awa.jobs j SET callback_result = NULL,
+        "UPDATE awa.canonical_jobs j SET callback_result = NULL,
              metadata = j.metadata - '_awa_callback_result'
-         FROM (SELECT id, callback_result AS old FROM awa.jobs WHERE id = $1 FOR UPDATE) o
+         FROM (SELECT id, callback_result AS old FROM awa.canonical_jobs WHERE id = $1 FOR UPDATE) o
          WHERE j.id = o.id AND j.run_lease = $2 AND j.state = 'running'
            AND o.old->>'callback_id' = $3
          RETURNING o.old->'payload'",
@@ -369,7 +369,7 @@ pub(crate) async fn poll_wait(
     let row: Option<(String, i64, Option<String>, bool, bool)> = sqlx::query_as(
         "SELECT state, run_lease, callback_id::text, coalesce(callback_timeout_at < now(), false),
                 coalesce(callback_result->>'callback_id' = $2, false)
-         FROM awa.jobs WHERE id = $1",
+         FROM awa.canonical_jobs WHERE id = $1",
     )
     .bind(job_id)
     .bind(token)

@@ -60,13 +60,13 @@ async fn claim_where<'e, E: PgExecutor<'e>>(
     };
     let sql = format!(
         "WITH picked AS (
-             SELECT id FROM awa.jobs
+             SELECT id FROM awa.canonical_jobs
              WHERE state = 'available' AND queue = $1 AND ($4::text IS NULL OR kind = $4)
                AND NOT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = $1 AND m.paused)
              ORDER BY {order}
              LIMIT $2
              FOR UPDATE SKIP LOCKED)
-         UPDATE awa.jobs j
+         UPDATE awa.canonical_jobs j
          SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
              attempted_at = now(), heartbeat_at = now(),
              deadline_at = now() + make_interval(secs => $3),
@@ -130,15 +130,15 @@ pub(crate) async fn release_claimed(
                         j.unique_key IS NOT NULL
                           AND (j.unique_states & awa.state_bit('available')) <> 0
                           AND EXISTS (
-                              SELECT 1 FROM awa.jobs o
+                              SELECT 1 FROM awa.canonical_jobs o
                               WHERE o.unique_key = j.unique_key AND o.id <> j.id
                                 AND (o.unique_states & awa.state_bit(o.state)) <> 0) AS key_taken
                  FROM unnest($1::bigint[], $2::bigint[]) AS t(id, lease)
-                 JOIN awa.jobs j ON j.id = t.id AND j.run_lease = t.lease AND j.state = 'running'
+                 JOIN awa.canonical_jobs j ON j.id = t.id AND j.run_lease = t.lease AND j.state = 'running'
                  ORDER BY j.id
                  FOR UPDATE OF j),
              released AS (
-                 UPDATE awa.jobs j
+                 UPDATE awa.canonical_jobs j
                  SET state = 'available', attempt = j.attempt - 1,
                      heartbeat_at = NULL, deadline_at = NULL
                  FROM mine

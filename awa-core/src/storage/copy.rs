@@ -32,7 +32,7 @@ const TEXT_OID: i32 = 25;
 /// (without one they are left to their column defaults: 'available', the database's `now()`).
 fn copy_statement(with_ids: bool, with_run_at: bool) -> String {
     format!(
-        "COPY awa.jobs ({}kind, queue, args, priority, max_attempts, tags, metadata, unique_key, \
+        "COPY awa.canonical_jobs ({}kind, queue, args, priority, max_attempts, tags, metadata, unique_key, \
          unique_states, ordering_key{}) FROM STDIN (FORMAT binary)",
         if with_ids { "id, " } else { "" },
         if with_run_at { ", state, run_at" } else { "" },
@@ -69,7 +69,7 @@ pub async fn insert_many_copy_returning(
         return Ok(Vec::new());
     }
     let ids: Vec<i64> = sqlx::query_scalar(
-        "SELECT nextval(pg_get_serial_sequence('awa.jobs', 'id')) FROM generate_series(1, $1)",
+        "SELECT nextval(pg_get_serial_sequence('awa.canonical_jobs', 'id')) FROM generate_series(1, $1)",
     )
     .bind(jobs.len() as i64)
     .fetch_all(&mut *conn)
@@ -77,7 +77,7 @@ pub async fn insert_many_copy_returning(
     copy_jobs(conn, jobs, Some(&ids)).await?;
     let rows = sqlx::query(&format!(
         "SELECT {JOB_COLUMNS} FROM unnest($1::bigint[]) WITH ORDINALITY AS t(id, ord)
-         JOIN awa.jobs USING (id) ORDER BY t.ord"
+         JOIN awa.canonical_jobs USING (id) ORDER BY t.ord"
     ))
     .bind(&ids)
     .fetch_all(&mut *conn)

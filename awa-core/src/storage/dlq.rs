@@ -69,7 +69,7 @@ fn from_row(r: &sqlx::postgres::PgRow) -> std::result::Result<DlqJob, sqlx::Erro
 /// Move failed jobs into the DLQ (inside the caller's transaction).
 pub async fn move_to_dlq(conn: &mut PgConnection, ids: &[i64], reason: &str) -> Result<u64> {
     let done = sqlx::query(
-        "WITH moved AS (DELETE FROM awa.jobs WHERE id = ANY($1) AND state = 'failed' RETURNING *)
+        "WITH moved AS (DELETE FROM awa.canonical_jobs WHERE id = ANY($1) AND state = 'failed' RETURNING *)
          INSERT INTO awa.jobs_dlq (id, kind, queue, args, priority, attempt, max_attempts, created_at,
                                    run_at, finalized_at, errors, metadata, tags, ordering_key,
                                    progress, reason, original_run_lease)
@@ -90,7 +90,7 @@ pub async fn move_failed_where_enabled(
     reason: &str,
 ) -> Result<u64> {
     let enabled: Vec<i64> = sqlx::query_scalar(
-        "SELECT j.id FROM awa.jobs j JOIN awa.queue_meta m ON m.queue = j.queue
+        "SELECT j.id FROM awa.canonical_jobs j JOIN awa.queue_meta m ON m.queue = j.queue
          WHERE j.id = ANY($1) AND j.state = 'failed' AND m.dlq_enabled",
     )
     .bind(ids)
@@ -236,7 +236,7 @@ fn revive_sql(selection: &str, o: usize) -> String {
     let (run_at, priority, queue) = (o, o + 1, o + 2);
     format!(
         "WITH moved AS (DELETE FROM awa.jobs_dlq WHERE {selection} RETURNING *)
-         INSERT INTO awa.jobs (id, kind, queue, args, state, priority, attempt, max_attempts, run_at,
+         INSERT INTO awa.canonical_jobs (id, kind, queue, args, state, priority, attempt, max_attempts, run_at,
                                created_at, errors, metadata, tags, ordering_key, progress, run_lease)
          SELECT id, kind, coalesce(${queue}::text, queue), args,
                 CASE WHEN ${run_at}::timestamptz > now() THEN 'scheduled' ELSE 'available' END,
@@ -313,7 +313,7 @@ pub async fn bulk_move_failed_to_dlq<'e, E: PgExecutor<'e>>(
         return Err(unscoped("bulk_move_failed_to_dlq", "kind or queue"));
     }
     let done = sqlx::query(
-        "WITH moved AS (DELETE FROM awa.jobs WHERE state = 'failed'
+        "WITH moved AS (DELETE FROM awa.canonical_jobs WHERE state = 'failed'
                           AND ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2)
                         RETURNING *)
          INSERT INTO awa.jobs_dlq (id, kind, queue, args, priority, attempt, max_attempts, created_at,

@@ -111,9 +111,9 @@ impl Engine {
                 "WITH live AS (
                      SELECT x.id, t.progress
                      FROM unnest($1::bigint[], $2::bigint[], $3::jsonb[]) AS t(id, lease, progress)
-                     JOIN awa.jobs x ON x.id = t.id AND x.run_lease = t.lease AND x.state = 'running'
+                     JOIN awa.canonical_jobs x ON x.id = t.id AND x.run_lease = t.lease AND x.state = 'running'
                      FOR UPDATE OF x SKIP LOCKED)
-                 UPDATE awa.jobs j SET heartbeat_at = now(), progress = coalesce(live.progress, j.progress)
+                 UPDATE awa.canonical_jobs j SET heartbeat_at = now(), progress = coalesce(live.progress, j.progress)
                  FROM live WHERE j.id = live.id
                  RETURNING j.id, j.cancel_requested_at IS NOT NULL",
             )
@@ -175,7 +175,7 @@ impl Engine {
 /// Canonical's guarded batch completion, returning the lease too: a batch may hold a
 /// superseded attempt and the current one of the same job, and only the follow-ups of the one
 /// that matched are sent.
-const CANONICAL_COMPLETE_BATCH: &str = "UPDATE awa.jobs j
+const CANONICAL_COMPLETE_BATCH: &str = "UPDATE awa.canonical_jobs j
      SET state = 'completed', finalized_at = now(), progress = NULL, heartbeat_at = NULL,
          callback_id = NULL, callback_timeout_at = NULL, callback_result = NULL
      FROM unnest($1::bigint[], $2::bigint[]) AS t(id, lease)

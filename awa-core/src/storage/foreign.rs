@@ -9,7 +9,7 @@
 //!
 //! The fingerprint is awa-pg's, not a version number (a newer version of *this* library may
 //! legitimately find a higher version): awa-pg's `awa.schema_version` has a `description`
-//! column ours never had, and its jobs live in `awa.jobs_hot` (ours in the table `awa.jobs`).
+//! column ours never had, and its jobs live in `awa.jobs_hot` (ours in the table `awa.canonical_jobs` behind the view `awa.jobs`).
 //! Either marks the schema as awa-pg's. One catalog query; no error when nothing exists.
 
 use crate::error::{AwaError, Result};

@@ -109,7 +109,7 @@ where
 /// A multi-row insert of [`JobColumns`] (bound as $1–$11, with $12 each row's position),
 /// up to its `ORDER BY`: the rows are inserted, and so numbered and returned, in that order.
 const INSERT_UNNEST: &str =
-    "INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts, run_at, tags,
+    "INSERT INTO awa.canonical_jobs (kind, queue, args, state, priority, max_attempts, run_at, tags,
                            metadata, unique_key, unique_states, ordering_key)
      SELECT t.kind, t.queue, t.args,
             CASE WHEN t.run_at IS NULL OR t.run_at <= now() THEN 'available' ELSE 'scheduled' END,
@@ -319,7 +319,7 @@ fn bind_job<'q>(
 
 /// The single-row insert, up to its `RETURNING` list.
 const SINGLE_INSERT: &str =
-    "INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts, run_at,
+    "INSERT INTO awa.canonical_jobs (kind, queue, args, state, priority, max_attempts, run_at,
         tags, metadata, unique_key, unique_states, ordering_key)
      VALUES ($1, $2, $3,
         CASE WHEN $6::timestamptz IS NULL OR $6 <= now() THEN 'available' ELSE 'scheduled' END,

@@ -111,22 +111,34 @@ fn recover(
     None
 }
 
-/// Rewrite every old key in `awa.jobs`. Runs inside the caller's transaction (the migration's,
-/// holding the migration lock), in batches by id.
+/// Rewrite every old key in canonical's table. Runs inside the caller's transaction (the
+/// migration's, holding the migration lock), in batches by id. The table is `awa.jobs` before
+/// migration 13 and `awa.canonical_jobs` from it on; a step recorded by migration 9 may run
+/// at either.
 pub(crate) async fn rewrite(conn: &mut PgConnection) -> Result<RewriteReport, sqlx::Error> {
     let mut report = RewriteReport::default();
     let mut after: i64 = i64::MIN;
+    let table: String = sqlx::query_scalar(
+        "SELECT coalesce(to_regclass('awa.canonical_jobs'), to_regclass('awa.jobs'))::text",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let select = format!(
+        "SELECT id, kind, queue, args, unique_key, run_at, created_at FROM {table}
+         WHERE id > $1 AND unique_key IS NOT NULL AND length(unique_key) = $2
+         ORDER BY id LIMIT $3"
+    );
+    let update = format!(
+        "UPDATE {table} j SET unique_key = u.key
+         FROM unnest($1::bigint[], $2::bytea[]) AS u(id, key) WHERE j.id = u.id"
+    );
     loop {
-        let rows = sqlx::query(
-            "SELECT id, kind, queue, args, unique_key, run_at, created_at FROM awa.jobs
-             WHERE id > $1 AND unique_key IS NOT NULL AND length(unique_key) = $2
-             ORDER BY id LIMIT $3",
-        )
-        .bind(after)
-        .bind(OLD_KEY_LEN)
-        .bind(BATCH)
-        .fetch_all(&mut *conn)
-        .await?;
+        let rows = sqlx::query(&select)
+            .bind(after)
+            .bind(OLD_KEY_LEN)
+            .bind(BATCH)
+            .fetch_all(&mut *conn)
+            .await?;
         let Some(last) = rows.last() else {
             break;
         };
@@ -148,14 +160,11 @@ pub(crate) async fn rewrite(conn: &mut PgConnection) -> Result<RewriteReport, sq
             }
         }
         if !ids.is_empty() {
-            let done = sqlx::query(
-                "UPDATE awa.jobs j SET unique_key = u.key
-                 FROM unnest($1::bigint[], $2::bytea[]) AS u(id, key) WHERE j.id = u.id",
-            )
-            .bind(&ids)
-            .bind(&keys)
-            .execute(&mut *conn)
-            .await?;
+            let done = sqlx::query(&update)
+                .bind(&ids)
+                .bind(&keys)
+                .execute(&mut *conn)
+                .await?;
             report.rewritten += done.rows_affected();
         }
     }

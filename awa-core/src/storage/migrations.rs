@@ -59,6 +59,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
         12,
         include_str!("../../migrations/0012_storage_transition.sql"),
     ),
+    (13, include_str!("../../migrations/0013_jobs_view.sql")),
 ];
 
 /// The first version with `awa.pending_steps`.

@@ -333,7 +333,7 @@ pub async fn queue_stats(db: &Db) -> Result<Vec<admin::QueueStats>> {
         None => admin::queue_stats(db).await,
         Some(qs) => {
             let source = format!(
-                "(SELECT queue, state, run_at, finalized_at FROM awa.jobs
+                "(SELECT queue, state, run_at, finalized_at FROM awa.canonical_jobs
                   UNION ALL
                   SELECT queue, state, run_at, finalized_at FROM {}.qs_jobs) AS both_engines",
                 qs.schema()

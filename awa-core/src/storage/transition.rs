@@ -140,6 +140,12 @@ pub async fn install_queue_storage(db: &Db, qs: &QueueStorage, reset: bool) -> R
         }
     }
     if reset {
+        // awa.jobs may read this schema's qs_jobs: point it away first (the state update
+        // below points it back).
+        sqlx::query("SELECT awa.refresh_jobs_view($1)")
+            .bind(qs.schema())
+            .execute(&mut *tx)
+            .await?;
         let sql = uninstall_sql(qs.schema());
         sqlx::Executor::execute(&mut *tx, sql.as_str()).await?;
     }
@@ -174,6 +180,10 @@ pub async fn install_queue_storage(db: &Db, qs: &QueueStorage, reset: bool) -> R
 pub async fn prepare_queue_storage_schema(db: &Db, qs: &QueueStorage) -> Result<()> {
     let mut tx = db.begin().await?;
     qs.install_in(&mut tx).await?;
+    // `awa.jobs` shows the schema once it is the readable one (a prepared transition names it).
+    sqlx::query("SELECT awa.refresh_jobs_view()")
+        .execute(&mut *tx)
+        .await?;
     tx.commit().await?;
     Ok(())
 }

@@ -153,7 +153,7 @@ pub async fn reject_inserts_of(db: &TestDb, kind: &str) {
     .await
     .expect("create trigger function");
     sqlx::query(
-        "CREATE TRIGGER test_reject_insert BEFORE INSERT ON awa.jobs
+        "CREATE TRIGGER test_reject_insert BEFORE INSERT ON awa.canonical_jobs
          FOR EACH ROW EXECUTE FUNCTION awa.test_reject_insert()",
     )
     .execute(&db.pool)

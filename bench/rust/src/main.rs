@@ -421,7 +421,7 @@ async fn refill(url: &str, n: usize) -> Result<(), AnyError> {
         .max_connections(1)
         .connect(url)
         .await?;
-    sqlx::query("TRUNCATE awa.jobs").execute(&pool).await?;
+    sqlx::query("TRUNCATE awa.canonical_jobs").execute(&pool).await?;
     let mut next = 0usize;
     while next < n {
         let end = (next + 5_000).min(n);
@@ -431,7 +431,7 @@ async fn refill(url: &str, n: usize) -> Result<(), AnyError> {
         awa_core::insert_many(&pool, batch).await?;
         next = end;
     }
-    sqlx::query("VACUUM ANALYZE awa.jobs")
+    sqlx::query("VACUUM ANALYZE awa.canonical_jobs")
         .execute(&pool)
         .await?;
     pool.close().await;
