@@ -59,7 +59,7 @@ async def _dead_letter(client: awa.AsyncClient) -> list[awa.Job]:
 # ----- failed jobs -------------------------------------------------------------------------
 
 
-@pytest.mark.canonical_only("admin reads and writes (queue_stats, health counts, retry, discard, dump, cancel_by_unique_key) use awa.jobs only")
+@pytest.mark.canonical_only("admin writes (retry, discard, dump) change canonical jobs only")
 async def test_discard_failed_needs_a_kind_and_deletes_only_it(client: awa.AsyncClient) -> None:
     await client.insert(Chore(n=1))
     await client.insert(Chore(n=2), queue="q")
@@ -75,7 +75,7 @@ async def test_discard_failed_needs_a_kind_and_deletes_only_it(client: awa.Async
     assert [j.kind for j in await client.list_jobs(state="failed")] == ["other"]
 
 
-@pytest.mark.canonical_only("admin reads and writes (queue_stats, health counts, retry, discard, dump, cancel_by_unique_key) use awa.jobs only")
+@pytest.mark.canonical_only("admin writes (retry, discard, dump) change canonical jobs only")
 async def test_retry_failed_returns_the_jobs_and_refuses_a_bare_call(client: awa.AsyncClient) -> None:
     a = await client.insert(Chore(n=1), queue="q")
     await client.insert(Other(n=2), queue="q")
@@ -116,7 +116,7 @@ async def _queue_meta(client: awa.AsyncClient, queue: str) -> dict[str, Any]:
         )
 
 
-@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
+@pytest.mark.canonical_only("changes jobs with SQL through awa.jobs, which refuses writes to queue storage's jobs")
 async def test_dump_job_and_dump_run(client: awa.AsyncClient) -> None:
     job = await client.insert(Chore(n=1), tags=["x"])
     dump = json.loads(await client.dump_job(job.id))

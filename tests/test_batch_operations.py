@@ -64,7 +64,7 @@ async def _wait_finished(client: awa.AsyncClient, op_id: str, timeout: float = 2
 # ----- preview and filters --------------------------------------------------------------------
 
 
-@pytest.mark.canonical_only("durable batch operations change awa.jobs only")
+@pytest.mark.canonical_only("durable batch operations change canonical jobs only")
 async def test_preview_counts_queued_jobs_and_samples_the_first_ten(client: awa.AsyncClient) -> None:
     queued = [(await client.insert(Chore(n=i), queue="q")).id for i in range(12)]
     scheduled = (await client.insert(Chore(n=99), queue="q", run_at=LATER)).id
@@ -87,7 +87,7 @@ async def test_preview_counts_queued_jobs_and_samples_the_first_ten(client: awa.
     assert await client.list_batch_operations() == []
 
 
-@pytest.mark.canonical_only("durable batch operations change awa.jobs only")
+@pytest.mark.canonical_only("durable batch operations change canonical jobs only")
 async def test_every_filter_key_narrows_the_set(client: awa.AsyncClient) -> None:
     a = await client.insert(Chore(n=1), queue="q", tags=["red"])
     b = await client.insert(Chore(n=2), queue="q", tags=["blue"])
@@ -173,7 +173,7 @@ async def test_a_filter_that_narrows_nothing_needs_allow_all(client: awa.AsyncCl
 # ----- submit and execution ---------------------------------------------------------------------
 
 
-@pytest.mark.canonical_only("durable batch operations change awa.jobs only")
+@pytest.mark.canonical_only("durable batch operations change canonical jobs only")
 async def test_operations_change_queued_jobs_only_and_count_what_they_did(client: awa.AsyncClient) -> None:
     release = asyncio.Event()
 
@@ -244,7 +244,7 @@ async def _state_is(client: awa.AsyncClient, job_id: int, state: str) -> bool:
     return (await client.get_job(job_id)).state == state
 
 
-@pytest.mark.canonical_only("durable batch operations change awa.jobs only")
+@pytest.mark.canonical_only("durable batch operations change canonical jobs only")
 async def test_moved_available_jobs_are_picked_up_by_the_new_queue(client: awa.AsyncClient) -> None:
     seen: list[int] = []
 
@@ -264,7 +264,7 @@ async def test_moved_available_jobs_are_picked_up_by_the_new_queue(client: awa.A
         await client.shutdown()
 
 
-@pytest.mark.canonical_only("durable batch operations change awa.jobs only")
+@pytest.mark.canonical_only("durable batch operations change canonical jobs only")
 async def test_jobs_inserted_after_the_submit_are_not_part_of_the_operation(client: awa.AsyncClient) -> None:
     @client.task(Block, queue="work")
     async def block(job: Any) -> None:
@@ -286,7 +286,7 @@ async def test_jobs_inserted_after_the_submit_are_not_part_of_the_operation(clie
 # ----- cancel, list, purge ---------------------------------------------------------------------
 
 
-@pytest.mark.canonical_only("durable batch operations change awa.jobs only")
+@pytest.mark.canonical_only("durable batch operations change canonical jobs only")
 async def test_a_pending_operation_cancelled_before_any_leader_touches_nothing(client: awa.AsyncClient) -> None:
     @client.task(Block, queue="work")
     async def block(job: Any) -> None:
@@ -350,7 +350,7 @@ async def test_purge_deletes_finished_operations_before_a_time(client: awa.Async
 # ----- the blocking client and the surface ------------------------------------------------------
 
 
-@pytest.mark.canonical_only("durable batch operations change awa.jobs only")
+@pytest.mark.canonical_only("durable batch operations change canonical jobs only")
 def test_the_blocking_client_has_the_same_calls(sync_client: awa.Client) -> None:
     job = sync_client.insert(Chore(n=1), queue="q", tags=["t"])
     assert sync_client.preview_set_priority(3, filter={"tag": "t"})["total_matched"] == 1

@@ -18,7 +18,7 @@ class Charge:
     mode: str = "park"
 
 
-@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on awa.jobs only")
+@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on canonical only")
 async def test_parked_job_completed_failed_or_retried_externally(client: awa.AsyncClient) -> None:
     tokens: dict[int, awa.CallbackToken] = {}
 
@@ -51,7 +51,7 @@ async def test_parked_job_completed_failed_or_retried_externally(client: awa.Asy
         await client.shutdown()
 
 
-@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on awa.jobs only")
+@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on canonical only")
 async def test_wait_for_callback_inside_the_handler(client: awa.AsyncClient) -> None:
     tokens: asyncio.Queue[awa.CallbackToken] = asyncio.Queue()
     payloads: list[Any] = []
@@ -75,7 +75,7 @@ async def test_wait_for_callback_inside_the_handler(client: awa.AsyncClient) -> 
     assert done.run_lease == before.run_lease, "continued under the same lease"
 
 
-@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on awa.jobs only")
+@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on canonical only")
 async def test_resume_before_the_handler_waits(client: awa.AsyncClient) -> None:
     tokens: asyncio.Queue[awa.CallbackToken] = asyncio.Queue()
     go = asyncio.Event()
@@ -100,7 +100,7 @@ async def test_resume_before_the_handler_waits(client: awa.AsyncClient) -> None:
     assert payloads == ["early"]
 
 
-@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on awa.jobs only")
+@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on canonical only")
 async def test_callback_timeout_is_rescued_and_heartbeat_extends_it(client: awa.AsyncClient) -> None:
     tokens: dict[int, awa.CallbackToken] = {}
 
@@ -143,7 +143,7 @@ async def test_callback_timeout_is_rescued_and_heartbeat_extends_it(client: awa.
         await client.shutdown()
 
 
-@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
+@pytest.mark.canonical_only("changes jobs with SQL through awa.jobs, which refuses writes to queue storage's jobs")
 async def test_progress_survives_retry_and_clears_on_completion(client: awa.AsyncClient) -> None:
     seen: list[Any] = []
 

@@ -178,7 +178,7 @@ async def _leads(client: awa.AsyncClient) -> bool:
     return (await client.health_check()).leader
 
 
-@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
+@pytest.mark.canonical_only("changes jobs with SQL through awa.jobs, which refuses writes to queue storage's jobs")
 async def test_queue_stats_are_typed(client: awa.AsyncClient) -> None:
     future = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
     await client.insert(Ping(), queue="qs")
@@ -201,7 +201,7 @@ async def test_queue_stats_are_typed(client: awa.AsyncClient) -> None:
         qs["available"]  # type: ignore[index]
 
 
-@pytest.mark.canonical_only("awa.testing's work_one claims from awa.jobs")
+@pytest.mark.canonical_only("awa.testing's work_one claims canonical jobs only")
 async def test_progress_percent_is_an_int_and_update_metadata_takes_updates(client: awa.AsyncClient) -> None:
     seen: list[Any] = []
 
@@ -227,7 +227,7 @@ async def test_progress_percent_is_an_int_and_update_metadata_takes_updates(clie
     assert seen[2] == {"cursor": 7}
 
 
-@pytest.mark.canonical_only("awa.testing's work_one claims from awa.jobs")
+@pytest.mark.canonical_only("awa.testing's work_one claims canonical jobs only")
 async def test_flush_progress_sync_writes_from_a_handler_thread(client: awa.AsyncClient) -> None:
     rows: list[Any] = []
     threads: list[bool] = []

@@ -220,7 +220,6 @@ def test_bad_input_raises_what_insert_raises_and_sends_nothing(
     assert _committed(apps_table) == (0, [])
 
 
-@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
 def test_the_unique_key_is_the_one_insert_computes(apps_table: str) -> None:
     with psycopg.connect(apps_table) as conn:
         insert_job_sync(conn, SendEmail(to="k"), queue="q", unique_opts={"by_queue": True})

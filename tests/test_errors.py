@@ -128,7 +128,6 @@ async def test_integers_beyond_64_bits_are_refused_on_every_insert_path(client: 
     assert await client.list_jobs(kind="k") == []
 
 
-@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
 async def test_64_bit_integers_at_the_edges_are_stored_exactly(client: awa.AsyncClient) -> None:
     edges = {"lo": -(2**63), "hi": 2**64 - 1, "i64": 2**63 - 1, "float": 1e20, "long_text": "1" * 40}
     job = await client.insert(edges, kind="edges", metadata={"m": 2**64 - 1})
@@ -168,7 +167,7 @@ async def test_nesting_past_the_limit_is_a_validation_error_not_a_recursion_erro
     await client.insert(_nested(64), kind="deep_ok")
 
 
-@pytest.mark.canonical_only("awa.testing's work_one claims from awa.jobs")
+@pytest.mark.canonical_only("awa.testing's work_one claims canonical jobs only")
 async def test_handler_paths_refuse_unstorable_values(client: awa.AsyncClient) -> None:
     """Staging (a StagingError chained from the ValidationError, ADR-046), update_metadata and
     callback payloads."""
@@ -259,7 +258,7 @@ async def test_shutdown_and_callback_timeouts_are_checked(client: awa.AsyncClien
             await client._native.callback("heartbeat", "00000000-0000-0000-0000-000000000000", None, None, bad)
 
 
-@pytest.mark.canonical_only("awa.testing's work_one claims from awa.jobs")
+@pytest.mark.canonical_only("awa.testing's work_one claims canonical jobs only")
 async def test_register_callback_timeout_is_checked(client: awa.AsyncClient) -> None:
     seen: list[BaseException] = []
 

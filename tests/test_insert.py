@@ -184,7 +184,7 @@ async def test_unique_by_queue_by_args_false_and_by_period(client: awa.AsyncClie
     await client.insert({"a": 1}, kind="periodic", run_at=t0 + dt.timedelta(seconds=60), unique_opts=p)
 
 
-@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
+@pytest.mark.canonical_only("changes jobs with SQL through awa.jobs, which refuses writes to queue storage's jobs")
 async def test_states_mask_and_release(client: awa.AsyncClient) -> None:
     only_available = awa.unique_states(["available"])
     job = await client.insert({"a": 1}, kind="masked", unique_opts={"states": only_available})
@@ -198,7 +198,6 @@ async def test_states_mask_and_release(client: awa.AsyncClient) -> None:
     assert awa.DEFAULT_UNIQUE_STATES == 0b11111
 
 
-@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
 async def test_transactional_enqueue(client: awa.AsyncClient) -> None:
     tx = await client.transaction()
     rolled = await tx.insert(SendEmail(to="rollback"))
@@ -341,7 +340,6 @@ async def test_copy_bad_input_is_typed_and_writes_nothing(
     assert await client.list_jobs() == [], "nothing partial is written"
 
 
-@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
 async def test_copy_follows_the_transaction(client: awa.AsyncClient) -> None:
     tx = await client.transaction()
     assert await tx.enqueue_many_copy([SendEmail(to="r1"), SendEmail(to="r2")]) == 2
@@ -435,7 +433,6 @@ def test_blocking_copy(sync_client: awa.Client) -> None:
     assert len(sync_client.list_jobs(queue="sync")) == 11
     assert len(sync_client.list_jobs(kind="send_email")) == 13
 
-@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
 def test_blocking_client(sync_client: awa.Client) -> None:
     job = sync_client.insert(SendEmail(to="sync"))
     assert sync_client.get_job(job.id).args["to"] == "sync"

@@ -89,6 +89,39 @@ async def test_install_routes_every_insert_path_to_queue_storage_and_workers_run
         assert await _canonical_count(client) == 0
 
 
+async def test_awa_jobs_shows_both_engines_to_sql_and_the_cli(qdb: str) -> None:
+    """``awa.jobs`` stays a readable view of every job on either engine (migration 13): SQL
+    inspection and ``awa job list`` see queue storage's jobs next to canonical's; a write through
+    the view that reaches a queue-storage job is refused, typed, and changes nothing."""
+    async with awa.AsyncClient(qdb) as client:
+        old = await client.insert(Work(0), queue="view")
+        assert await client.cancel(old.id)
+        await client.install_queue_storage()
+        new = await client.insert(Work(1), queue="view")
+        tx = await client.transaction()
+        try:
+            rows = await tx.fetch_all("SELECT id, state, queue FROM awa.jobs ORDER BY id")
+        finally:
+            await tx.rollback()
+        assert [(r["id"], r["state"], r["queue"]) for r in rows] == [
+            (old.id, "cancelled", "view"), (new.id, "available", "view")]
+        assert await _canonical_count(client) == 1
+        tx = await client.transaction()
+        try:
+            with pytest.raises(awa.DatabaseError, match="is on queue storage"):
+                await tx.execute("UPDATE awa.jobs SET priority = 1 WHERE id = $1", new.id)
+        finally:
+            await tx.rollback()
+        assert (await client.get_job(new.id)).priority == 2
+
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    listed = subprocess.run([sys.executable, "-m", "awa", "--database-url", qdb, "job", "list", "--json"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert [(j["id"], j["state"]) for j in json.loads(listed.stdout)["jobs"]] == [
+        (new.id, "available"), (old.id, "cancelled")]
+
+
 async def test_install_refusals_are_typed_and_change_nothing(qdb: str) -> None:
     async with awa.AsyncClient(qdb) as client:
         with pytest.raises(awa.ValidationError, match="invalid SQL identifier: Bad-Name"):

@@ -88,7 +88,7 @@ def api(database_url: str) -> Iterator[Api]:
 # ----- reads ------------------------------------------------------------------------------
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
+@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_stats_and_timeseries(api: Api, sync_client: awa.Client) -> None:
     insert(sync_client, 2)
     done = insert(sync_client, 1)[0]
@@ -105,7 +105,7 @@ def test_stats_and_timeseries(api: Api, sync_client: awa.Client) -> None:
     assert api.status("GET", "/api/stats/timeseries?minutes=abc")[0] == 400
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
+@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_stats_estimate_past_the_cap(api: Api, sync_client: awa.Client) -> None:
     from awa._ops import COUNT_CAP
 
@@ -119,7 +119,7 @@ def test_stats_estimate_past_the_cap(api: Api, sync_client: awa.Client) -> None:
     assert stats["last_hour_capped"] == ["completed"] and stats["last_hour"]["completed"] == COUNT_CAP
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
+@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_jobs_list_filters_paging_and_detail(api: Api, sync_client: awa.Client) -> None:
     ids = insert(sync_client, 3, queue="q1", tags=["red"])
     other = insert(sync_client, 1, kind="other", queue="q2")[0]
@@ -140,7 +140,6 @@ def test_jobs_list_filters_paging_and_detail(api: Api, sync_client: awa.Client) 
     assert api.status("GET", "/api/jobs/abc")[0] == 400
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
 def test_queues_kinds_runtime_cron_capabilities(api: Api, sync_client: awa.Client) -> None:
     insert(sync_client, 2, queue="mail", kind="send")
     insert(sync_client, 1, queue="sms", kind="text")
@@ -161,7 +160,7 @@ def test_queues_kinds_runtime_cron_capabilities(api: Api, sync_client: awa.Clien
     assert caps["read_only"] is False and caps["auth"] is False
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
+@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_runtime_shows_the_leader_of_a_running_worker(api: Api, database_url: str) -> None:
     async def body() -> None:
         client = awa.AsyncClient(database_url)
@@ -185,7 +184,7 @@ def test_runtime_shows_the_leader_of_a_running_worker(api: Api, database_url: st
 # ----- mutations --------------------------------------------------------------------------
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
+@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_job_retry_cancel_and_bulk(api: Api, sync_client: awa.Client) -> None:
     a, b, c = insert(sync_client, 3)
     assert api.post(f"/api/jobs/{a}/cancel")["state"] == "cancelled"
@@ -203,7 +202,7 @@ def test_job_retry_cancel_and_bulk(api: Api, sync_client: awa.Client) -> None:
     assert api.status("POST", "/api/jobs/bulk-retry", raw=b"[1]", headers=JSON)[0] == 400
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
+@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_queue_pause_resume_drain(api: Api, sync_client: awa.Client) -> None:
     insert(sync_client, 2, queue="mail")
     assert api.post("/api/queues/mail/pause") == {"queue": "mail", "paused": True}
@@ -225,7 +224,7 @@ def test_cron_trigger_pause_resume(api: Api, sync_client: awa.Client) -> None:
         assert api.status("POST", f"/api/cron/nope/{action}", {})[0] == 404
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
+@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_dlq_routes(api: Api, sync_client: awa.Client) -> None:
     a = dead(sync_client, 3, kind="a", queue="qa", tags=["x"])
     b = dead(sync_client, 2, kind="b", queue="qb")
@@ -255,7 +254,7 @@ def test_dlq_routes(api: Api, sync_client: awa.Client) -> None:
     assert api.post("/api/dlq/bulk-purge", {"all": True}) == {"purged": 2}
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
+@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_callback_routes(api: Api, database_url: str) -> None:
     async def body() -> None:
         client = awa.AsyncClient(database_url)
@@ -362,7 +361,6 @@ def assert_read_only(api: Api, sync_client: awa.Client) -> None:
     assert api.get("/api/stats")["total"] == 1  # reads still work
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
 def test_read_only_flag(database_url: str, sync_client: awa.Client) -> None:
     for api in start(ServeConfig(database_url, port=0, read_only=True)):
         assert api.get("/api/capabilities")["read_only_flag"] is True
@@ -387,7 +385,6 @@ def read_only_url(database_url: str) -> Iterator[str]:
         admin_execute(f'DROP ROLE IF EXISTS "{role}"')
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
 def test_read_only_server(read_only_url: str, sync_client: awa.Client) -> None:
     for api in start(ServeConfig(read_only_url, port=0)):
         caps = api.get("/api/capabilities")
@@ -398,7 +395,6 @@ def test_read_only_server(read_only_url: str, sync_client: awa.Client) -> None:
 # ----- metrics, health, assets ------------------------------------------------------------
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
 def test_metrics_parse_as_prometheus_text(api: Api, sync_client: awa.Client) -> None:
     insert(sync_client, 2, queue="mail")
     text = api.get("/metrics")

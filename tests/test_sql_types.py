@@ -66,7 +66,6 @@ async def test_a_type_without_a_python_value_is_a_clear_error(client: awa.AsyncC
         await one(client, "SELECT '1 day'::interval AS v")
 
 
-@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
 async def test_select_star_from_awas_own_tables(client: awa.AsyncClient, database_url: str) -> None:
     """awa.runtime_instances and awa.jobs hold UUIDs and enums: SELECT * reads them."""
     worker = awa.AsyncClient(database_url)

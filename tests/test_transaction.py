@@ -42,7 +42,6 @@ async def _kinds(client: awa.AsyncClient) -> list[int]:
     return sorted(j.args["order"] for j in jobs)
 
 
-@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
 async def test_unique_conflict_leaves_the_transaction_usable(client: awa.AsyncClient) -> None:
     await client.insert(Ship(order=1), unique_opts={})
     async with client.transaction() as tx:
@@ -89,7 +88,7 @@ async def test_async_with_exiting_normally_after_a_swallowed_error_raises(client
     assert await _kinds(client) == []
 
 
-@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
+@pytest.mark.canonical_only("changes jobs with SQL through awa.jobs, which refuses writes to queue storage's jobs")
 async def test_a_failed_insert_marks_the_transaction_failed(client: awa.AsyncClient) -> None:
     # A database-side insert failure (the row breaks a CHECK the validator cannot see here:
     # a trigger raising stands in for any server-side rejection).

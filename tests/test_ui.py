@@ -110,7 +110,7 @@ def shot(driver: Any, name: str) -> None:
         driver.save_screenshot(str(pathlib.Path(SHOTS) / f"{name}.png"))
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
+@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_dashboard_renders_counts_chart_queues_failures(driver: Any, ui: Api, sync_client: awa.Client) -> None:
     insert(sync_client, 3, queue="mail", kind="send_email")
     broken = insert(sync_client, 1, queue="mail", kind="send_email")[0]
@@ -130,7 +130,7 @@ def test_dashboard_renders_counts_chart_queues_failures(driver: Any, ui: Api, sy
     shot(driver, "dashboard")
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
+@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_jobs_page_filters_paging_and_bulk_actions(driver: Any, ui: Api, sync_client: awa.Client) -> None:
     ids = insert(sync_client, 60, queue="mail")
     open_page(driver, ui, "/jobs", "/jobs")
@@ -162,7 +162,7 @@ def test_jobs_page_filters_paging_and_bulk_actions(driver: Any, ui: Api, sync_cl
     assert {ui.get(f"/api/jobs/{i}")["state"] for i in ids[-2:]} == {"available"}
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
+@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_job_detail_shows_args_errors_progress_and_acts(driver: Any, ui: Api, sync_client: awa.Client) -> None:
     job_id = sync_client.insert({"to": "ada@example.com"}, kind="send_email", metadata={"tenant": "t1"}).id
     fail_job(sync_client, job_id, "SMTP said 550")
@@ -184,7 +184,7 @@ def test_job_detail_shows_args_errors_progress_and_acts(driver: Any, ui: Api, sy
     assert ui.get(f"/api/jobs/{job_id}")["state"] == "cancelled"
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
+@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_queues_page_pause_resume_drain(driver: Any, ui: Api, sync_client: awa.Client) -> None:
     insert(sync_client, 4, queue="mail")
     open_page(driver, ui, "/queues", "/queues")
@@ -202,7 +202,7 @@ def test_queues_page_pause_resume_drain(driver: Any, ui: Api, sync_client: awa.C
     assert ui.get("/api/queues/mail")["counts"]["cancelled"] == 4
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
+@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_cron_page_trigger_pause_resume(driver: Any, ui: Api, sync_client: awa.Client) -> None:
     sync_client._run(sync_client._async._execute(
         "INSERT INTO awa.cron_jobs (name, cron_expr, timezone, kind, queue, args) "
@@ -220,7 +220,7 @@ def test_cron_page_trigger_pause_resume(driver: Any, ui: Api, sync_client: awa.C
     flash_says(driver, "Schedule nightly resumed")
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
+@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_dlq_page_retry_delete_purge(driver: Any, ui: Api, sync_client: awa.Client) -> None:
     import asyncio
 
@@ -252,7 +252,7 @@ def test_runtime_page(driver: Any, ui: Api) -> None:
     shot(driver, "runtime")
 
 
-@pytest.mark.canonical_only("the web UI and its JSON API read and write awa.jobs only")
+@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_pages_refresh_themselves(driver: Any, ui: Api, sync_client: awa.Client) -> None:
     driver.get(ui.base + "/?refresh=0.2#/")
     loaded(driver, "/")

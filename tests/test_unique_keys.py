@@ -42,7 +42,6 @@ def _opts(v: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "vector", [v for v in VECTORS["vectors"] if v["by_period"] is None], ids=lambda v: v["name"])
-@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
 async def test_insert_stores_awa_pgs_key(client: awa.AsyncClient, vector: dict[str, Any]) -> None:
     if vector["name"] == "by_args_beyond_u64":
         # awa-pg silently turns 2**70 into a float (and hashes that); we refuse an int we
@@ -59,7 +58,6 @@ async def test_insert_stores_awa_pgs_key(client: awa.AsyncClient, vector: dict[s
         assert key != vector["awa_pg_key"]
 
 
-@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
 async def test_by_period_hashes_the_bucket_and_cancel_finds_it_by_bucket(client: awa.AsyncClient) -> None:
     run_at = datetime.datetime(2099, 1, 1, 5, 30, tzinfo=datetime.timezone.utc)
     job = await client.insert({"x": 1}, kind="kv_period_3600", run_at=run_at,

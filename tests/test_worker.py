@@ -237,7 +237,7 @@ async def test_shutdown_loses_nothing(database_url: str) -> None:
         await second.close()
 
 
-@pytest.mark.canonical_only("observes or changes jobs with SQL on awa.jobs, not yet a view over queue storage")
+@pytest.mark.canonical_only("changes jobs with SQL through awa.jobs, which refuses writes to queue storage's jobs")
 async def test_admin_actions(client: awa.AsyncClient) -> None:
     a = await client.insert(Work(mode="a"), queue="adm")
     await client.insert(Work(mode="b"), queue="adm")
