@@ -30,6 +30,30 @@ fn producer(db: &TestDb) -> Db {
     Db::from(db.pool.pool().clone())
 }
 
+/// Step one of a transition to schema `awa`: prepared, and the substrate installed there.
+async fn prepare_awa(ops: &Db) -> awa_core::storage::queue_storage::QueueStorage {
+    transition::step(ops, "prepare", Some("awa"))
+        .await
+        .expect("prepare");
+    let qs = transition::queue_storage("awa", 4, 2).expect("config");
+    transition::prepare_queue_storage_schema(ops, &qs)
+        .await
+        .expect("prepare schema");
+    qs
+}
+
+/// A live queue-storage target, as a runtime started with that role registers itself.
+async fn fake_target(ops: &Db) {
+    sqlx::query(
+        "INSERT INTO awa.runtime_instances
+             (pid, version, snapshot_interval_ms, storage_capability, transition_role)
+         VALUES (1, 'test', 1000, 'queue_storage', 'queue_storage_target')",
+    )
+    .execute(ops.pool())
+    .await
+    .expect("fake target");
+}
+
 #[tokio::test]
 async fn a_canonical_route_gone_stale_by_an_install_lands_the_job_in_queue_storage() {
     let db = TestDb::new().await;
@@ -73,22 +97,8 @@ async fn a_canonical_route_gone_stale_by_an_install_lands_the_job_in_queue_stora
 async fn a_queue_storage_route_gone_stale_by_an_abort_lands_the_job_in_canonical() {
     let db = TestDb::new().await;
     let ops = &db.pool;
-    transition::step(ops, "prepare", Some("awa"))
-        .await
-        .expect("prepare");
-    let qs = transition::queue_storage("awa", 4, 2).expect("config");
-    transition::prepare_queue_storage_schema(ops, &qs)
-        .await
-        .expect("prepare schema");
-    // A live queue-storage target, as a runtime started with that role registers itself.
-    sqlx::query(
-        "INSERT INTO awa.runtime_instances
-             (pid, version, snapshot_interval_ms, storage_capability, transition_role)
-         VALUES (1, 'test', 1000, 'queue_storage', 'queue_storage_target')",
-    )
-    .execute(ops.pool())
-    .await
-    .expect("fake target");
+    let qs = prepare_awa(ops).await;
+    fake_target(ops).await;
     let mixed = transition::step(ops, "enter_mixed_transition", None)
         .await
         .expect("enter mixed");
@@ -194,26 +204,13 @@ async fn awa_jobs_is_a_view_of_every_job_on_either_engine() {
         .expect("delete through the view");
 
     // A live transition: new jobs go to queue storage, and the view shows both engines.
-    transition::step(ops, "prepare", Some("awa"))
-        .await
-        .expect("prepare");
-    let qs = transition::queue_storage("awa", 4, 2).expect("config");
-    transition::prepare_queue_storage_schema(ops, &qs)
-        .await
-        .expect("prepare schema");
+    let qs = prepare_awa(ops).await;
     assert_eq!(
         view_shape(&db).await,
         "canonical",
         "nothing is routed there yet"
     );
-    sqlx::query(
-        "INSERT INTO awa.runtime_instances
-             (pid, version, snapshot_interval_ms, storage_capability, transition_role)
-         VALUES (1, 'test', 1000, 'queue_storage', 'queue_storage_target')",
-    )
-    .execute(sql)
-    .await
-    .expect("fake target");
+    fake_target(ops).await;
     transition::step(ops, "enter_mixed_transition", None)
         .await
         .expect("enter mixed");
