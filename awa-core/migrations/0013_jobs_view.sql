@@ -12,8 +12,8 @@
 --    triggers send INSERT, UPDATE and DELETE to canonical's rows; a write that reaches a queue
 --    storage job is refused (SQLSTATE 55000): that engine changes its jobs through the client.
 --
--- The readable schema is the one `storage::routing::readable_queue_storage` reads: the active
--- one, else the one `awa.runtime_storage_backends` names. A statement trigger on the two state
+-- The readable schema is `awa.readable_queue_storage_schema()`, which the client's reads use too:
+-- the active one, else the one `awa.runtime_storage_backends` names. A statement trigger on the two state
 -- tables refreshes the view whenever they change, and the refresh does nothing when the shape
 -- is already right (the view's comment records it), so the ACCESS EXCLUSIVE lock a redefinition
 -- takes is taken only when the shape changes. The engine's own statements never read the view:
@@ -53,6 +53,16 @@ BEGIN
     RETURN NULL;
 END $$;
 
+-- The queue-storage schema whose jobs are read next to canonical's (by `awa.jobs` and by the
+-- client's reads, `storage::routing::readable_queue_storage`): the active one, else the one a
+-- transition in progress named; NULL when there is none.
+CREATE OR REPLACE FUNCTION awa.readable_queue_storage_schema() RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(awa.active_queue_storage_schema(),
+                    (SELECT schema_name FROM awa.runtime_storage_backends
+                     WHERE backend = 'queue_storage'))
+$$;
+
 -- The view in the shape the current state asks for. `p_exclude` names a schema whose objects
 -- are about to be dropped (a reset), so the view stops depending on them first; `p_force`
 -- redefines it even when its recorded shape matches (after canonical gains a column). It runs
@@ -69,10 +79,7 @@ DECLARE
     v_set text;
     v_defaults text;
 BEGIN
-    SELECT coalesce(awa.active_queue_storage_schema(),
-                    (SELECT schema_name FROM awa.runtime_storage_backends
-                     WHERE backend = 'queue_storage'))
-    INTO v_schema;
+    v_schema := awa.readable_queue_storage_schema();
     IF v_schema IS NOT DISTINCT FROM p_exclude
        OR to_regclass(format('%I.qs_jobs', v_schema)) IS NULL THEN
         v_schema := NULL;

@@ -229,13 +229,9 @@ fn new_row(id: i64, job: &NewJob, now: chrono::DateTime<chrono::Utc>) -> JobRow 
 /// The queue-storage schema whose jobs reads should include: the active one, else the one a
 /// mixed transition routed to (kept in `awa.runtime_storage_backends`).
 pub async fn readable_queue_storage(db: &Db) -> Result<Option<Arc<QueueStorage>>> {
-    let schema: Option<String> = sqlx::query_scalar(
-        "SELECT coalesce(awa.active_queue_storage_schema(),
-                         (SELECT schema_name FROM awa.runtime_storage_backends
-                          WHERE backend = 'queue_storage'))",
-    )
-    .fetch_one(db)
-    .await?;
+    let schema: Option<String> = sqlx::query_scalar("SELECT awa.readable_queue_storage_schema()")
+        .fetch_one(db)
+        .await?;
     schema.map(handle).transpose()
 }
 
