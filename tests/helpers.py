@@ -42,3 +42,38 @@ async def wait_for_state(client: awa.AsyncClient, job_id: int, *states: str, tim
         return job if job.state in states else None
 
     return await wait_for(check, timeout, f"job {job_id} in {states}")
+
+
+async def complete_jobs(client: awa.AsyncClient, ids: Any) -> None:
+    """Complete jobs as a worker does, through ``awa.testing``'s ``work_one`` (on either
+    engine); each must be the oldest available job of its kind and queue."""
+    from awa.testing import AwaTestClient
+
+    harness = AwaTestClient(client)
+
+    async def handler(job: Any) -> None:
+        return None
+
+    for job_id in ids:
+        job = await client.get_job(job_id)
+        result = await harness.work_one(dict, handler, kind=job.kind, queue=job.queue)
+        assert result.outcome == "completed" and result.job and result.job.id == job_id, (job_id, result)
+
+
+async def fail_jobs(client: awa.AsyncClient, ids: Any, error: str = "boom") -> None:
+    """Fail jobs as a worker does when its handler raises a terminal error on the first
+    attempt: one attempt, the error and its traceback recorded, the job failed. Through
+    ``awa.testing``'s ``work_one``, so on either engine (SQL through ``awa.jobs`` cannot change
+    queue storage's jobs); each job is claimed by its kind and queue, and must be the oldest
+    available one of them."""
+    from awa.testing import AwaTestClient
+
+    harness = AwaTestClient(client)
+
+    async def handler(job: Any) -> None:
+        raise awa.TerminalError(error)
+
+    for job_id in ids:
+        job = await client.get_job(job_id)
+        result = await harness.work_one(dict, handler, kind=job.kind, queue=job.queue)
+        assert result.outcome == "failed" and result.job and result.job.id == job_id, (job_id, result)

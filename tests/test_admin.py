@@ -9,11 +9,12 @@ import datetime as dt
 import inspect
 import json
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
 import awa
+from helpers import fail_jobs
 
 
 @dataclasses.dataclass
@@ -33,13 +34,10 @@ def _instant(value: Any) -> dt.datetime:
     return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
 
 
-async def _fail(client: awa.AsyncClient, where: str = "TRUE") -> None:
-    """Mark jobs failed the way the finalizer leaves them (one error entry, finalized)."""
-    await client._execute(
-        "UPDATE awa.jobs SET state = 'failed', attempt = 1, finalized_at = now(), "
-        "errors = jsonb_build_array(jsonb_build_object('attempt', 1, 'at', now(), 'error', 'boom')) "
-        f"WHERE {where}"
-    )
+async def _fail(client: awa.AsyncClient, which: Callable[[awa.Job], bool] = lambda job: True) -> None:
+    """Fail the available jobs ``which`` picks, as a worker does (``helpers.fail_jobs``)."""
+    jobs = sorted(await client.list_jobs(state="available"), key=lambda job: job.id)
+    await fail_jobs(client, [job.id for job in jobs if which(job)])
 
 
 async def _dead_letter(client: awa.AsyncClient) -> list[awa.Job]:
@@ -59,7 +57,6 @@ async def _dead_letter(client: awa.AsyncClient) -> list[awa.Job]:
 # ----- failed jobs -------------------------------------------------------------------------
 
 
-@pytest.mark.canonical_only("admin writes (retry, discard, dump) change canonical jobs only")
 async def test_discard_failed_needs_a_kind_and_deletes_only_it(client: awa.AsyncClient) -> None:
     await client.insert(Chore(n=1))
     await client.insert(Chore(n=2), queue="q")
@@ -75,7 +72,6 @@ async def test_discard_failed_needs_a_kind_and_deletes_only_it(client: awa.Async
     assert [j.kind for j in await client.list_jobs(state="failed")] == ["other"]
 
 
-@pytest.mark.canonical_only("admin writes (retry, discard, dump) change canonical jobs only")
 async def test_retry_failed_returns_the_jobs_and_refuses_a_bare_call(client: awa.AsyncClient) -> None:
     a = await client.insert(Chore(n=1), queue="q")
     await client.insert(Other(n=2), queue="q")
@@ -243,7 +239,6 @@ async def test_transaction_query_keyword(client: awa.AsyncClient) -> None:
 # ----- dead-letter queue -------------------------------------------------------------------
 
 
-@pytest.mark.canonical_only("no dead-letter queue on queue storage yet")
 async def test_list_dlq_filters_and_pages(client: awa.AsyncClient) -> None:
     jobs = await _dead_letter(client)
     entries = await client.list_dlq()
@@ -271,7 +266,6 @@ async def test_list_dlq_filters_and_pages(client: awa.AsyncClient) -> None:
         await client.list_dlq(limit=-1)
 
 
-@pytest.mark.canonical_only("no dead-letter queue on queue storage yet")
 async def test_get_dlq_job_and_depths(client: awa.AsyncClient) -> None:
     jobs = await _dead_letter(client)
     entry = await client.get_dlq_job(jobs[0].id)
@@ -282,7 +276,6 @@ async def test_get_dlq_job_and_depths(client: awa.AsyncClient) -> None:
     assert await client.dlq_depth_by_queue() == [("a", 3), ("b", 2)]
 
 
-@pytest.mark.canonical_only("no dead-letter queue on queue storage yet")
 async def test_retry_from_dlq_with_overrides(client: awa.AsyncClient) -> None:
     jobs = await _dead_letter(client)
     plain = await client.retry_from_dlq(jobs[0].id)
@@ -298,7 +291,6 @@ async def test_retry_from_dlq_with_overrides(client: awa.AsyncClient) -> None:
     assert await client.get_dlq_job(jobs[2].id) is not None, "a refused retry leaves the entry"
 
 
-@pytest.mark.canonical_only("no dead-letter queue on queue storage yet")
 async def test_bulk_retry_from_dlq(client: awa.AsyncClient) -> None:
     await _dead_letter(client)
     with pytest.raises(awa.ValidationError, match=r"bulk_retry_from_dlq requires at least one of kind, queue, or tag \(or allow_all=true\)"):
@@ -311,11 +303,10 @@ async def test_bulk_retry_from_dlq(client: awa.AsyncClient) -> None:
     assert len(await client.list_jobs(state="available")) == 5
 
 
-@pytest.mark.canonical_only("no dead-letter queue on queue storage yet")
 async def test_move_failed_to_dlq(client: awa.AsyncClient) -> None:
     failed = await client.insert(Chore(n=1))
     waiting = await client.insert(Chore(n=2))
-    await _fail(client, f"id = {failed.id}")
+    await _fail(client, lambda job: job.id == failed.id)
     entry = await client.move_failed_to_dlq(failed.id, "operator said so")
     assert entry is not None and entry.reason == "operator said so" and entry.job.id == failed.id
     assert await client.move_failed_to_dlq(waiting.id, "not failed") is None
@@ -325,13 +316,12 @@ async def test_move_failed_to_dlq(client: awa.AsyncClient) -> None:
         await client.get_job(failed.id)
 
 
-@pytest.mark.canonical_only("no dead-letter queue on queue storage yet")
 async def test_bulk_move_failed_to_dlq(client: awa.AsyncClient) -> None:
     await client.insert(Chore(n=1), queue="a")
     await client.insert(Other(n=2), queue="a")
     await client.insert(Chore(n=3), queue="b")
     await client.insert(Chore(n=4), queue="b")  # stays available
-    await _fail(client, "args->>'n' <> '4'")
+    await _fail(client, lambda job: job.args["n"] != 4)
     with pytest.raises(awa.ValidationError, match=r"bulk_move_failed_to_dlq requires at least one of kind or queue \(or allow_all=true\)"):
         await client.bulk_move_failed_to_dlq()
     assert await client.bulk_move_failed_to_dlq(kind="other") == 1
@@ -341,7 +331,6 @@ async def test_bulk_move_failed_to_dlq(client: awa.AsyncClient) -> None:
     assert [j.args["n"] for j in await client.list_jobs()] == [4]
 
 
-@pytest.mark.canonical_only("no dead-letter queue on queue storage yet")
 async def test_purge(client: awa.AsyncClient) -> None:
     jobs = await _dead_letter(client)
     assert await client.purge_dlq_job(jobs[0].id) is True
@@ -357,7 +346,6 @@ async def test_purge(client: awa.AsyncClient) -> None:
     assert await client.dlq_depth() == 0
 
 
-@pytest.mark.canonical_only("no dead-letter queue on queue storage yet")
 def test_the_blocking_client_has_the_same_surface(sync_client: awa.Client) -> None:
     job = sync_client.insert(Chore(n=1), queue="s", run_at="2000-01-01T00:00:00Z")
     sync_client._run(_fail(sync_client._async))

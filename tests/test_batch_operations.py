@@ -14,7 +14,7 @@ import pytest
 
 import awa
 
-from helpers import FAST, wait_for, wait_for_state
+from helpers import FAST, complete_jobs, wait_for, wait_for_state
 
 OP_KEYS = {
     "id", "op_kind", "filter", "spec", "state", "submitted_by", "submitted_at", "started_at",
@@ -47,9 +47,8 @@ async def _job(client: awa.AsyncClient, job_id: int) -> awa.Job:
 
 
 async def _finish(client: awa.AsyncClient, job_id: int) -> None:
-    await client._execute(
-        "UPDATE awa.jobs SET state = 'completed', finalized_at = now() WHERE id = $1", job_id
-    )
+    """Complete a job through a worker's path (it must be the oldest of its kind and queue)."""
+    await complete_jobs(client, [job_id])
 
 
 async def _wait_finished(client: awa.AsyncClient, op_id: str, timeout: float = 20.0) -> awa.BatchOperation:
@@ -64,12 +63,11 @@ async def _wait_finished(client: awa.AsyncClient, op_id: str, timeout: float = 2
 # ----- preview and filters --------------------------------------------------------------------
 
 
-@pytest.mark.canonical_only("durable batch operations change canonical jobs only")
 async def test_preview_counts_queued_jobs_and_samples_the_first_ten(client: awa.AsyncClient) -> None:
-    queued = [(await client.insert(Chore(n=i), queue="q")).id for i in range(12)]
-    scheduled = (await client.insert(Chore(n=99), queue="q", run_at=LATER)).id
     finished = (await client.insert(Chore(n=100), queue="q")).id
     await _finish(client, finished)
+    queued = [(await client.insert(Chore(n=i), queue="q")).id for i in range(12)]
+    scheduled = (await client.insert(Chore(n=99), queue="q", run_at=LATER)).id
     await client.insert(Chore(n=101), queue="other")
 
     preview = await client.preview_set_priority(3, filter={"queue": "q"})
@@ -87,7 +85,7 @@ async def test_preview_counts_queued_jobs_and_samples_the_first_ten(client: awa.
     assert await client.list_batch_operations() == []
 
 
-@pytest.mark.canonical_only("durable batch operations change canonical jobs only")
+@pytest.mark.canonical_only("backdates a job's created_at with SQL, which awa.jobs refuses for queue storage's jobs")
 async def test_every_filter_key_narrows_the_set(client: awa.AsyncClient) -> None:
     a = await client.insert(Chore(n=1), queue="q", tags=["red"])
     b = await client.insert(Chore(n=2), queue="q", tags=["blue"])
@@ -173,7 +171,6 @@ async def test_a_filter_that_narrows_nothing_needs_allow_all(client: awa.AsyncCl
 # ----- submit and execution ---------------------------------------------------------------------
 
 
-@pytest.mark.canonical_only("durable batch operations change canonical jobs only")
 async def test_operations_change_queued_jobs_only_and_count_what_they_did(client: awa.AsyncClient) -> None:
     release = asyncio.Event()
 
@@ -181,12 +178,12 @@ async def test_operations_change_queued_jobs_only_and_count_what_they_did(client
     async def block(job: Any) -> None:
         await release.wait()
 
+    done = (await client.insert(Chore(n=10), queue="parked", tags=["a"])).id
+    await _finish(client, done)
     a = [(await client.insert(Chore(n=i), queue="parked", tags=["a"])).id for i in range(3)]
     a.append((await client.insert(Chore(n=3), queue="parked", tags=["a"], run_at=LATER)).id)
     b = [(await client.insert(Chore(n=i), queue="parked", tags=["b"], priority=3)).id for i in range(2)]
     c = (await client.insert(Chore(n=9), queue="parked", tags=["c"], run_at=LATER)).id
-    done = (await client.insert(Chore(n=10), queue="parked", tags=["a"])).id
-    await _finish(client, done)
     running = (await client.insert(Block(n=1), queue="work", tags=["a"])).id
 
     await client.start([("work", 1)], **FAST)
@@ -244,7 +241,6 @@ async def _state_is(client: awa.AsyncClient, job_id: int, state: str) -> bool:
     return (await client.get_job(job_id)).state == state
 
 
-@pytest.mark.canonical_only("durable batch operations change canonical jobs only")
 async def test_moved_available_jobs_are_picked_up_by_the_new_queue(client: awa.AsyncClient) -> None:
     seen: list[int] = []
 
@@ -264,7 +260,6 @@ async def test_moved_available_jobs_are_picked_up_by_the_new_queue(client: awa.A
         await client.shutdown()
 
 
-@pytest.mark.canonical_only("durable batch operations change canonical jobs only")
 async def test_jobs_inserted_after_the_submit_are_not_part_of_the_operation(client: awa.AsyncClient) -> None:
     @client.task(Block, queue="work")
     async def block(job: Any) -> None:
@@ -286,7 +281,6 @@ async def test_jobs_inserted_after_the_submit_are_not_part_of_the_operation(clie
 # ----- cancel, list, purge ---------------------------------------------------------------------
 
 
-@pytest.mark.canonical_only("durable batch operations change canonical jobs only")
 async def test_a_pending_operation_cancelled_before_any_leader_touches_nothing(client: awa.AsyncClient) -> None:
     @client.task(Block, queue="work")
     async def block(job: Any) -> None:
@@ -350,7 +344,6 @@ async def test_purge_deletes_finished_operations_before_a_time(client: awa.Async
 # ----- the blocking client and the surface ------------------------------------------------------
 
 
-@pytest.mark.canonical_only("durable batch operations change canonical jobs only")
 def test_the_blocking_client_has_the_same_calls(sync_client: awa.Client) -> None:
     job = sync_client.insert(Chore(n=1), queue="q", tags=["t"])
     assert sync_client.preview_set_priority(3, filter={"tag": "t"})["total_matched"] == 1

@@ -121,7 +121,6 @@ async def test_without_rules_the_default_action_decides(parking: awa.AsyncClient
         await parking.resolve_callback(b.id, default_action="maybe")
 
 
-@pytest.mark.canonical_only("awa.testing's work_one claims canonical jobs only")
 async def test_bad_expressions_are_refused_at_registration(client: awa.AsyncClient) -> None:
     errors: list[str] = []
 
@@ -238,7 +237,6 @@ async def test_a_malformed_callback_id_is_a_validation_error(client: awa.AsyncCl
         await calls[call](42)
 
 
-@pytest.mark.canonical_only("awa.testing's work_one claims canonical jobs only")
 async def test_negative_or_nan_timeouts_are_validation_errors(client: awa.AsyncClient) -> None:
     seen: list[BaseException] = []
 

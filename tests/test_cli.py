@@ -18,6 +18,7 @@ import pytest
 
 import awa
 from awa._cli import Progress, main
+from helpers import fail_jobs
 
 BIN = pathlib.Path(sys.executable).parent
 
@@ -75,11 +76,8 @@ def insert(sync_client: awa.Client, n: int = 1, **opts: Any) -> list[int]:
 
 
 def fail_job(sync_client: awa.Client, job_id: int, error: str = "boom") -> None:
-    """Mark a job failed as a worker would after its last attempt (with an error entry)."""
-    sync_client._run(sync_client._async._execute(
-        "UPDATE awa.jobs SET state = 'failed', attempt = 1, finalized_at = now(), attempted_at = now(), "
-        "errors = jsonb_build_array(jsonb_build_object('attempt', 1, 'at', now(), 'error', $2::text, "
-        "'traceback', 'Traceback (most recent call last):\n  ...')) WHERE id = $1", job_id, error))
+    """Fail a job as a worker does on a terminal error (``helpers.fail_jobs``)."""
+    sync_client._run(fail_jobs(sync_client._async, [job_id], error))
 
 
 # ----- help, usage, connection -----------------------------------------------------------
@@ -219,7 +217,6 @@ def test_job_list_table_json_filters_and_paging(database_url: str, sync_client: 
     assert "More: --before-id" in ok(database_url, "job", "list", "--limit", "1")
 
 
-@pytest.mark.canonical_only("the CLI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_job_dump_and_dump_run(database_url: str, sync_client: awa.Client) -> None:
     job_id = insert(sync_client)[0]
     doc = json.loads(ok(database_url, "job", "dump", str(job_id)))
@@ -234,7 +231,6 @@ def test_job_dump_and_dump_run(database_url: str, sync_client: awa.Client) -> No
     assert fails(database_url, 3, "job", "dump", "999999") == "awa: error: job 999999 not found"
 
 
-@pytest.mark.canonical_only("the CLI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_job_cancel_and_retry(database_url: str, sync_client: awa.Client) -> None:
     job_id = insert(sync_client)[0]
     assert ok(database_url, "job", "cancel", str(job_id)) == f"Cancelled job {job_id}.\n"
@@ -248,7 +244,6 @@ def test_job_cancel_and_retry(database_url: str, sync_client: awa.Client) -> Non
     assert fails(database_url, 3, "job", "retry", "999999") == "awa: error: job 999999 not found"
 
 
-@pytest.mark.canonical_only("the CLI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_job_retry_failed_and_discard(database_url: str, sync_client: awa.Client) -> None:
     a = insert(sync_client, 2, kind="a", queue="qa")
     b = insert(sync_client, 1, kind="b", queue="qb")
@@ -267,7 +262,6 @@ def test_job_retry_failed_and_discard(database_url: str, sync_client: awa.Client
 # ----- queue -----------------------------------------------------------------------------
 
 
-@pytest.mark.canonical_only("the CLI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_queue_stats_pause_resume_drain(database_url: str, sync_client: awa.Client) -> None:
     insert(sync_client, 3, queue="mail")
     out = ok(database_url, "queue", "stats")
@@ -309,7 +303,6 @@ def dead(sync_client: awa.Client, n: int, **opts: Any) -> list[int]:
     return ids
 
 
-@pytest.mark.canonical_only("the CLI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_dlq_move_depth_list_retry_purge(database_url: str, sync_client: awa.Client) -> None:
     a = dead(sync_client, 3, kind="a", queue="qa", tags=["x"])
     b = dead(sync_client, 2, kind="b", queue="qb")

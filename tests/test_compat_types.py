@@ -201,7 +201,6 @@ async def test_queue_stats_are_typed(client: awa.AsyncClient) -> None:
         qs["available"]  # type: ignore[index]
 
 
-@pytest.mark.canonical_only("awa.testing's work_one claims canonical jobs only")
 async def test_progress_percent_is_an_int_and_update_metadata_takes_updates(client: awa.AsyncClient) -> None:
     seen: list[Any] = []
 
@@ -227,7 +226,6 @@ async def test_progress_percent_is_an_int_and_update_metadata_takes_updates(clie
     assert seen[2] == {"cursor": 7}
 
 
-@pytest.mark.canonical_only("awa.testing's work_one claims canonical jobs only")
 async def test_flush_progress_sync_writes_from_a_handler_thread(client: awa.AsyncClient) -> None:
     rows: list[Any] = []
     threads: list[bool] = []

@@ -167,7 +167,6 @@ async def test_nesting_past_the_limit_is_a_validation_error_not_a_recursion_erro
     await client.insert(_nested(64), kind="deep_ok")
 
 
-@pytest.mark.canonical_only("awa.testing's work_one claims canonical jobs only")
 async def test_handler_paths_refuse_unstorable_values(client: awa.AsyncClient) -> None:
     """Staging (a StagingError chained from the ValidationError, ADR-046), update_metadata and
     callback payloads."""
@@ -258,7 +257,6 @@ async def test_shutdown_and_callback_timeouts_are_checked(client: awa.AsyncClien
             await client._native.callback("heartbeat", "00000000-0000-0000-0000-000000000000", None, None, bad)
 
 
-@pytest.mark.canonical_only("awa.testing's work_one claims canonical jobs only")
 async def test_register_callback_timeout_is_checked(client: awa.AsyncClient) -> None:
     seen: list[BaseException] = []
 

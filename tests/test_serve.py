@@ -26,6 +26,7 @@ import awa
 from awa._serve import ServeConfig, Server
 from awa.callback_contract import sign as sign_callback
 from conftest import admin_execute
+from helpers import complete_jobs
 from test_cli import dead, fail_job, insert
 from test_roles import as_role, owner_execute
 
@@ -88,12 +89,10 @@ def api(database_url: str) -> Iterator[Api]:
 # ----- reads ------------------------------------------------------------------------------
 
 
-@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_stats_and_timeseries(api: Api, sync_client: awa.Client) -> None:
-    insert(sync_client, 2)
     done = insert(sync_client, 1)[0]
-    sync_client._run(sync_client._async._execute(
-        "UPDATE awa.jobs SET state = 'completed', finalized_at = now() WHERE id = $1", done))
+    insert(sync_client, 2)
+    sync_client._run(complete_jobs(sync_client._async, [done]))
     stats = api.get("/api/stats")
     assert stats["counts"]["available"] == 2 and stats["counts"]["completed"] == 1
     assert stats["estimated"] == [] and stats["total"] == 3 and stats["last_hour"]["completed"] == 1
@@ -105,7 +104,7 @@ def test_stats_and_timeseries(api: Api, sync_client: awa.Client) -> None:
     assert api.status("GET", "/api/stats/timeseries?minutes=abc")[0] == 400
 
 
-@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
+@pytest.mark.canonical_only("inserts completed jobs with SQL, which go to canonical's table: closed to new jobs on queue storage")
 def test_stats_estimate_past_the_cap(api: Api, sync_client: awa.Client) -> None:
     from awa._ops import COUNT_CAP
 
@@ -119,7 +118,6 @@ def test_stats_estimate_past_the_cap(api: Api, sync_client: awa.Client) -> None:
     assert stats["last_hour_capped"] == ["completed"] and stats["last_hour"]["completed"] == COUNT_CAP
 
 
-@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_jobs_list_filters_paging_and_detail(api: Api, sync_client: awa.Client) -> None:
     ids = insert(sync_client, 3, queue="q1", tags=["red"])
     other = insert(sync_client, 1, kind="other", queue="q2")[0]
@@ -160,7 +158,6 @@ def test_queues_kinds_runtime_cron_capabilities(api: Api, sync_client: awa.Clien
     assert caps["read_only"] is False and caps["auth"] is False
 
 
-@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_runtime_shows_the_leader_of_a_running_worker(api: Api, database_url: str) -> None:
     async def body() -> None:
         client = awa.AsyncClient(database_url)
@@ -184,7 +181,6 @@ def test_runtime_shows_the_leader_of_a_running_worker(api: Api, database_url: st
 # ----- mutations --------------------------------------------------------------------------
 
 
-@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_job_retry_cancel_and_bulk(api: Api, sync_client: awa.Client) -> None:
     a, b, c = insert(sync_client, 3)
     assert api.post(f"/api/jobs/{a}/cancel")["state"] == "cancelled"
@@ -202,7 +198,6 @@ def test_job_retry_cancel_and_bulk(api: Api, sync_client: awa.Client) -> None:
     assert api.status("POST", "/api/jobs/bulk-retry", raw=b"[1]", headers=JSON)[0] == 400
 
 
-@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_queue_pause_resume_drain(api: Api, sync_client: awa.Client) -> None:
     insert(sync_client, 2, queue="mail")
     assert api.post("/api/queues/mail/pause") == {"queue": "mail", "paused": True}
@@ -224,7 +219,6 @@ def test_cron_trigger_pause_resume(api: Api, sync_client: awa.Client) -> None:
         assert api.status("POST", f"/api/cron/nope/{action}", {})[0] == 404
 
 
-@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_dlq_routes(api: Api, sync_client: awa.Client) -> None:
     a = dead(sync_client, 3, kind="a", queue="qa", tags=["x"])
     b = dead(sync_client, 2, kind="b", queue="qb")
@@ -254,7 +248,7 @@ def test_dlq_routes(api: Api, sync_client: awa.Client) -> None:
     assert api.post("/api/dlq/bulk-purge", {"all": True}) == {"purged": 2}
 
 
-@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
+@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on canonical only")
 def test_callback_routes(api: Api, database_url: str) -> None:
     async def body() -> None:
         client = awa.AsyncClient(database_url)

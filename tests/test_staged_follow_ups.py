@@ -198,7 +198,6 @@ async def test_sealed_the_instant_the_handler_returns(
     assert await b_jobs(client) == []
 
 
-@pytest.mark.canonical_only("awa.testing's work_one claims canonical jobs only")
 async def test_work_one_seals_the_instant_the_handler_returns(client: awa.AsyncClient) -> None:
     if not _awa.TEST_SEAMS:
         pytest.skip("the wheel was built without the test-seams feature")
@@ -272,7 +271,6 @@ async def test_complete_external_discards_staged(client: awa.AsyncClient, fast: 
     assert await b_jobs(client) == [], "external completion has no handler context"
 
 
-@pytest.mark.canonical_only("awa.testing's work_one claims canonical jobs only")
 async def test_work_one_harness(client: awa.AsyncClient) -> None:
     t = AwaTestClient(client)
     await t.clean()

@@ -14,6 +14,7 @@ import pytest
 
 import awa
 from awa._serve import ServeConfig
+from helpers import complete_jobs
 from test_cli import dead, fail_job, insert
 from test_serve import Api, start
 
@@ -110,15 +111,12 @@ def shot(driver: Any, name: str) -> None:
         driver.save_screenshot(str(pathlib.Path(SHOTS) / f"{name}.png"))
 
 
-@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_dashboard_renders_counts_chart_queues_failures(driver: Any, ui: Api, sync_client: awa.Client) -> None:
     insert(sync_client, 3, queue="mail", kind="send_email")
     broken = insert(sync_client, 1, queue="mail", kind="send_email")[0]
     fail_job(sync_client, broken, "SMTP said 550")
     done = insert(sync_client, 2, queue="reports", kind="nightly_report")
-    for job_id in done:
-        sync_client._run(sync_client._async._execute(
-            "UPDATE awa.jobs SET state = 'completed', finalized_at = now() - interval '5 minutes' WHERE id = $1", job_id))
+    sync_client._run(complete_jobs(sync_client._async, done))
     open_page(driver, ui, "/", "/")
     assert text(driver, '.card[data-state="available"] .n') == "3"
     assert text(driver, '.card[data-state="failed"] .n') == "1"
@@ -130,7 +128,6 @@ def test_dashboard_renders_counts_chart_queues_failures(driver: Any, ui: Api, sy
     shot(driver, "dashboard")
 
 
-@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_jobs_page_filters_paging_and_bulk_actions(driver: Any, ui: Api, sync_client: awa.Client) -> None:
     ids = insert(sync_client, 60, queue="mail")
     open_page(driver, ui, "/jobs", "/jobs")
@@ -162,7 +159,7 @@ def test_jobs_page_filters_paging_and_bulk_actions(driver: Any, ui: Api, sync_cl
     assert {ui.get(f"/api/jobs/{i}")["state"] for i in ids[-2:]} == {"available"}
 
 
-@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
+@pytest.mark.canonical_only("sets a failed job's progress with SQL; queue storage keeps no progress for finished jobs")
 def test_job_detail_shows_args_errors_progress_and_acts(driver: Any, ui: Api, sync_client: awa.Client) -> None:
     job_id = sync_client.insert({"to": "ada@example.com"}, kind="send_email", metadata={"tenant": "t1"}).id
     fail_job(sync_client, job_id, "SMTP said 550")
@@ -184,7 +181,6 @@ def test_job_detail_shows_args_errors_progress_and_acts(driver: Any, ui: Api, sy
     assert ui.get(f"/api/jobs/{job_id}")["state"] == "cancelled"
 
 
-@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_queues_page_pause_resume_drain(driver: Any, ui: Api, sync_client: awa.Client) -> None:
     insert(sync_client, 4, queue="mail")
     open_page(driver, ui, "/queues", "/queues")
@@ -202,7 +198,6 @@ def test_queues_page_pause_resume_drain(driver: Any, ui: Api, sync_client: awa.C
     assert ui.get("/api/queues/mail")["counts"]["cancelled"] == 4
 
 
-@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_cron_page_trigger_pause_resume(driver: Any, ui: Api, sync_client: awa.Client) -> None:
     sync_client._run(sync_client._async._execute(
         "INSERT INTO awa.cron_jobs (name, cron_expr, timezone, kind, queue, args) "
@@ -220,7 +215,6 @@ def test_cron_page_trigger_pause_resume(driver: Any, ui: Api, sync_client: awa.C
     flash_says(driver, "Schedule nightly resumed")
 
 
-@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_dlq_page_retry_delete_purge(driver: Any, ui: Api, sync_client: awa.Client) -> None:
     import asyncio
 
@@ -252,7 +246,6 @@ def test_runtime_page(driver: Any, ui: Api) -> None:
     shot(driver, "runtime")
 
 
-@pytest.mark.canonical_only("the web UI's actions change canonical jobs only, or the test sets jobs up with SQL that awa.jobs refuses on queue storage")
 def test_pages_refresh_themselves(driver: Any, ui: Api, sync_client: awa.Client) -> None:
     driver.get(ui.base + "/?refresh=0.2#/")
     loaded(driver, "/")
@@ -285,7 +278,6 @@ def test_queues_and_kinds_pages_show_descriptors(driver: Any, ui: Api, sync_clie
     assert driver.find_elements(By.CSS_SELECTOR, f"{kind} a.docs") == []  # not an http(s) URL
 
 
-@pytest.mark.canonical_only("fails a job with SQL that awa.jobs refuses on queue storage")
 def test_read_only_hides_every_button(driver: Any, database_url: str, sync_client: awa.Client) -> None:
     job_id = insert(sync_client, 1, queue="mail")[0]
     fail_job(sync_client, job_id)

@@ -107,7 +107,6 @@ async def test_unknown_kind_fails_terminally(client: awa.AsyncClient) -> None:
         await client.shutdown()
 
 
-@pytest.mark.canonical_only("no dead-letter queue on queue storage yet")
 async def test_exhausted_attempts_fail_and_dlq(client: awa.AsyncClient) -> None:
     @client.task(Work)
     async def handle(job: awa.Job) -> None:

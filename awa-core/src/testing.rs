@@ -11,13 +11,40 @@ use crate::finalizer::{finalize_with_retry, Finalization, Finalized, Transition}
 use crate::follow_ups::FollowUps;
 use crate::model::{JobRow, JobState};
 use crate::specs::Specs;
-use crate::storage::admin::get_job;
 use crate::storage::claim::{claim_batch, claim_kind};
+use crate::storage::engine::Engine;
 use crate::storage::pool::Db;
+use crate::storage::routing::{get_job, readable_queue_storage};
 use futures_util::FutureExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Claim one job of `queue` (of `kind` when given): from canonical, else from the readable
+/// queue-storage schema (a mixed transition holds jobs on both). Returns the pool handle whose
+/// engine holds the job, so its finalization goes where the claim came from.
+async fn claim_one(
+    pool: &Db,
+    queue: &str,
+    kind: Option<&str>,
+    deadline: Duration,
+) -> Result<(Db, Vec<JobRow>)> {
+    let jobs = match kind {
+        Some(k) => claim_kind(pool, queue, k, 1, deadline).await?,
+        None => claim_batch(pool, queue, 1, deadline).await?,
+    };
+    if !jobs.is_empty() {
+        return Ok((pool.with_engine(Engine::Canonical), jobs));
+    }
+    let Some(qs) = readable_queue_storage(pool).await? else {
+        return Ok((pool.clone(), jobs));
+    };
+    let jobs = match kind {
+        Some(k) => qs.claim_kind(pool, queue, k, deadline).await?,
+        None => qs.claim_queue(pool, queue, 1, Some(deadline)).await?,
+    };
+    Ok((pool.with_engine(Engine::QueueStorage(qs)), jobs))
+}
 
 /// What happened to the job `work_one` ran.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -71,10 +98,8 @@ pub async fn work_one_on(
     batched: bool,
 ) -> Result<WorkResult> {
     let deadline = Duration::from_secs(300);
-    let mut jobs = match kind {
-        Some(k) => claim_kind(pool, queue, k, 1, deadline).await?,
-        None => claim_batch(pool, queue, 1, deadline).await?,
-    };
+    let (engine_pool, mut jobs) = claim_one(pool, queue, kind, deadline).await?;
+    let pool = &engine_pool;
     let Some(job) = jobs.pop() else {
         return Ok(WorkResult {
             job: None,

@@ -146,6 +146,9 @@ both_engines!(
     a_rescued_attempt_runs_again_and_its_late_completion_is_stale,
     a_cancel_request_reaches_the_running_handler,
     shutdown_gives_back_the_jobs_claimed_ahead,
+    operator_actions_change_jobs_as_on_canonical,
+    failed_jobs_go_to_the_dlq_where_enabled,
+    rescue_fires_the_exhausted_specs_of_the_jobs_it_fails,
 );
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -507,4 +510,252 @@ async fn shutdown_gives_back_the_jobs_claimed_ahead(engine: &str) {
             runs.get(id)
         );
     }
+}
+
+/// The operator's actions (`storage::routing`: retry, retry_failed, discard_failed,
+/// drain_queue, cancel) leave the same states, attempts and errors on both engines, refuse
+/// what canonical refuses, and a job retried twice at once is retried once.
+async fn operator_actions_change_jobs_as_on_canonical(engine: &str) {
+    use awa_core::storage::routing;
+    let (_db, pool) = setup(engine).await;
+    let client = Client::builder(pool.clone())
+        .queue("default", QueueConfig::new(2))
+        .config(fast_config())
+        .register::<Mode, _, _>(|args, ctx| {
+            let attempt = ctx.job().attempt;
+            async move {
+                match (args.mode.as_str(), attempt) {
+                    ("fail_once", 1) | ("fail", _) => Err(JobError::terminal("bad input")),
+                    _ => Ok(JobResult::Completed),
+                }
+            }
+        })
+        .build()
+        .expect("build");
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    let jobs = vec![
+        job(mode("fail_once"), |r| r.max_attempts(1)),
+        job(mode("fail"), |r| r),
+        job(mode("fail"), |r| r),
+        job(mode("scheduled"), |r| r.run_at(later)),
+        job(mode("idle"), |r| r.queue("idle")),
+        job(mode("idle"), |r| r.queue("idle").run_at(later)),
+    ];
+    let ids = enqueue(&pool, &jobs).await;
+    client.start().await.expect("start");
+    for id in &ids[..3] {
+        wait_state(&pool, *id, JobState::Failed).await;
+    }
+
+    // A failed job runs again, its attempt and errors kept, with one more attempt allowed.
+    let again = routing::retry(&pool, ids[0]).await.expect("retry");
+    assert_eq!(again.state, JobState::Available, "{again:?}");
+    assert_eq!((again.attempt, again.max_attempts), (1, 2));
+    assert_eq!(again.errors.len(), 1);
+    let done = wait_state(&pool, ids[0], JobState::Completed).await;
+    assert_eq!((done.attempt, done.errors.len()), (2, 1));
+    let refused = routing::retry(&pool, ids[0])
+        .await
+        .expect_err("completed is final");
+    assert!(
+        refused
+            .to_string()
+            .contains("is completed; only failed, cancelled"),
+        "{refused}"
+    );
+    assert!(matches!(
+        routing::retry(&pool, i64::MAX).await,
+        Err(awa_core::AwaError::JobNotFound(_))
+    ));
+
+    // Two retries of one failed job at once: one retries it, the other is refused (the queue
+    // paused meanwhile, so no claim fails it again in between).
+    awa_core::storage::admin::set_queue_paused(&pool, "default", true)
+        .await
+        .expect("pause");
+    let (a, b) = tokio::join!(routing::retry(&pool, ids[1]), routing::retry(&pool, ids[1]));
+    let refusals: Vec<String> = [&a, &b]
+        .iter()
+        .filter_map(|r| r.as_ref().err().map(ToString::to_string))
+        .collect();
+    assert!(
+        refusals.len() == 1 && refusals[0].contains("only failed, cancelled"),
+        "{a:?} {b:?}"
+    );
+    awa_core::storage::admin::set_queue_paused(&pool, "default", false)
+        .await
+        .expect("resume");
+    wait_state(&pool, ids[1], JobState::Failed).await;
+
+    // A scheduled job is due at once; a job cancelled before it ran counts no attempt.
+    let due = routing::retry(&pool, ids[3])
+        .await
+        .expect("retry scheduled");
+    assert!(due.state == JobState::Available && due.run_at <= chrono::Utc::now());
+    wait_state(&pool, ids[3], JobState::Completed).await;
+    let cancelled = routing::cancel(&pool, ids[4]).await.expect("cancel");
+    assert_eq!(
+        (cancelled.state, cancelled.attempt),
+        (JobState::Cancelled, 0)
+    );
+    let back = routing::retry(&pool, ids[4])
+        .await
+        .expect("retry cancelled");
+    assert_eq!(
+        (back.state, back.attempt, back.run_lease),
+        (JobState::Available, 0, 0)
+    );
+
+    // Draining cancels what has not started; discarding deletes failed jobs of a kind.
+    assert_eq!(routing::drain_queue(&pool, "idle").await.expect("drain"), 2);
+    assert_eq!(one_job(&pool, ids[5]).await.state, JobState::Cancelled);
+    let retried = routing::retry_failed(&pool, Some("mode"), None, false)
+        .await
+        .expect("retry_failed");
+    let retried_ids: Vec<i64> = retried.jobs.iter().map(|j| j.id).collect();
+    assert_eq!((retried.matched, retried_ids), (2, vec![ids[1], ids[2]]));
+    wait_state(&pool, ids[1], JobState::Failed).await;
+    wait_state(&pool, ids[2], JobState::Failed).await;
+    assert_eq!(
+        routing::discard_failed(&pool, "mode", Some("elsewhere"))
+            .await
+            .expect("discard"),
+        0
+    );
+    assert_eq!(
+        routing::discard_failed(&pool, "mode", None)
+            .await
+            .expect("discard"),
+        2
+    );
+    assert!(matches!(
+        routing::get_job(&pool, ids[1]).await,
+        Err(awa_core::AwaError::JobNotFound(_))
+    ));
+    client.shutdown(T).await;
+}
+
+/// A queue with the DLQ on sends its failed jobs there, from the per-job finalizer and from
+/// rescue (a job out of attempts past its deadline), each with its reason; a revived job
+/// runs again on the engine new jobs go to.
+async fn failed_jobs_go_to_the_dlq_where_enabled(engine: &str) {
+    use awa_core::storage::dlq;
+    let (_db, pool) = setup(engine).await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let rel = release.clone();
+    let client = Client::builder(pool.clone())
+        .queue(
+            "dead",
+            QueueConfig::new(2)
+                .dlq(true)
+                .deadline(Duration::from_millis(300)),
+        )
+        .config(fast_config())
+        .register::<Mode, _, _>(move |args, ctx| {
+            let rel = rel.clone();
+            let first = ctx.job().attempt == 1;
+            // A revived job keeps its errors and starts at attempt 1 again.
+            let revived = !ctx.job().errors.is_empty();
+            async move {
+                match args.mode.as_str() {
+                    "terminal" if !revived => Err(JobError::terminal("bad input")),
+                    // Outlives its deadline on the first attempt, until the test lets it go.
+                    "hang" if first => {
+                        rel.notified().await;
+                        Ok(JobResult::Completed)
+                    }
+                    _ => Ok(JobResult::Completed),
+                }
+            }
+        })
+        .build()
+        .expect("build");
+    let jobs = vec![
+        job(mode("terminal"), |r| r.queue("dead")),
+        job(mode("hang"), |r| r.queue("dead").max_attempts(1)),
+    ];
+    let ids = enqueue(&pool, &jobs).await;
+    client.start().await.expect("start");
+    let entries = eventually("both jobs dead-lettered", T, || async {
+        let a = dlq::get_dlq_job(&pool, ids[0]).await.expect("dlq read");
+        let b = dlq::get_dlq_job(&pool, ids[1]).await.expect("dlq read");
+        a.zip(b)
+    })
+    .await;
+    assert_eq!(entries.0.reason, "bad input");
+    assert_eq!(entries.0.attempt, 1);
+    assert!(
+        entries.1.reason.contains("deadline"),
+        "{}",
+        entries.1.reason
+    );
+    for id in &ids {
+        assert!(matches!(
+            awa_core::storage::routing::get_job(&pool, *id).await,
+            Err(awa_core::AwaError::JobNotFound(_))
+        ));
+    }
+    release.notify_one();
+    let revived = dlq::retry_from_dlq(&pool, ids[0], &Default::default())
+        .await
+        .expect("revive")
+        .expect("in the DLQ");
+    assert_eq!((revived.state, revived.attempt), (JobState::Available, 0));
+    let done = wait_state(&pool, ids[0], JobState::Completed).await;
+    assert_eq!(done.attempt, 1);
+    client.shutdown(T).await;
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Alert {
+    failed: i64,
+}
+impl JobArgs for Alert {}
+
+/// A job that rescue fails for good (out of attempts past its deadline) fires its registered
+/// `on_exhausted` spec in the rescue's transaction (ADR-046's registered follow-ups), once.
+async fn rescue_fires_the_exhausted_specs_of_the_jobs_it_fails(engine: &str) {
+    let (_db, pool) = setup(engine).await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let rel = release.clone();
+    let client = Client::builder(pool.clone())
+        .queue(
+            "default",
+            QueueConfig::new(2).deadline(Duration::from_millis(300)),
+        )
+        .config(fast_config())
+        .register::<Work, _, _>(move |_args, _ctx| {
+            let rel = rel.clone();
+            async move {
+                rel.notified().await;
+                Ok(JobResult::Completed)
+            }
+        })
+        .on_exhausted_enqueue::<Work, Alert, _>(|w| {
+            EnqueueRequest::new(Alert { failed: w.n }).queue("alerts")
+        })
+        .build()
+        .expect("build");
+    let ids = enqueue(&pool, &[job(Work { n: 42 }, |r| r.max_attempts(1))]).await;
+    client.start().await.expect("start");
+    let failed = wait_state(&pool, ids[0], JobState::Failed).await;
+    assert!(
+        failed.errors.iter().any(|e| e.error.contains("deadline")),
+        "{:?}",
+        failed.errors
+    );
+    let alerts = wait_all(&pool, "alert", 1, JobState::Available).await;
+    assert_eq!(alerts[0].args, serde_json::json!({"failed": 42}));
+    assert_eq!(alerts[0].queue, "alerts");
+    release.notify_waiters();
+    wait_idle(&client, T).await;
+    client.shutdown(T).await;
+    assert_eq!(
+        all_jobs(&pool)
+            .await
+            .values()
+            .filter(|j| j.kind == "alert")
+            .count(),
+        1
+    );
 }

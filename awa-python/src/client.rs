@@ -627,7 +627,7 @@ impl NativeClient {
 
     fn retry<'py>(&self, py: Python<'py>, job_id: i64) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        self.json_future(py, async move { admin::retry(&pool, job_id).await })
+        self.json_future(py, async move { routing::retry(&pool, job_id).await })
     }
 
     fn set_queue_paused<'py>(
@@ -657,7 +657,7 @@ impl NativeClient {
 
     fn drain_queue<'py>(&self, py: Python<'py>, queue: String) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
-        self.json_future(py, async move { admin::drain_queue(&pool, &queue).await })
+        self.json_future(py, async move { routing::drain_queue(&pool, &queue).await })
     }
 
     fn queue_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
@@ -676,7 +676,7 @@ impl NativeClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
         self.json_future(py, async move {
-            admin::retry_failed(&pool, kind.as_deref(), queue.as_deref(), allow_all).await
+            routing::retry_failed(&pool, kind.as_deref(), queue.as_deref(), allow_all).await
         })
     }
 
@@ -689,7 +689,7 @@ impl NativeClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let pool = self.pool.clone();
         self.json_future(py, async move {
-            admin::discard_failed(&pool, &kind, queue.as_deref()).await
+            routing::discard_failed(&pool, &kind, queue.as_deref()).await
         })
     }
 

@@ -35,7 +35,7 @@ fn dlq_move<'py>(
     bridge::spawn(py, async move {
         let moved = async {
             let mut tx = pool.begin().await?;
-            let moved = dlq::move_to_dlq(&mut tx, &ids, &reason).await?;
+            let moved = dlq::move_to_dlq_anywhere(&mut tx, &ids, &reason).await?;
             tx.commit().await?;
             Ok::<u64, AwaError>(moved)
         };

@@ -30,7 +30,8 @@ ESTIMATE_FACTOR = 10
 #: The largest page of jobs or DLQ rows one call returns.
 MAX_LIMIT = 1000
 #: The maintenance leader's session advisory lock (awa-core maintenance::LEADER_LOCK), as
-#: pg_locks shows a bigint key: high and low 32 bits.
+#: pg_locks shows a bigint key: high and low 32 bits. Queue storage's leader holds the next
+#: key (low bits + 1).
 _LEADER_KEY = (0x6177_615F, 0x6C65_6164)
 
 # Which rows of each state a capped count reads, written so that a partial index matches
@@ -438,8 +439,9 @@ class Ops:
             "SELECT l.pid, a.application_name, a.client_addr::text AS client_addr, a.backend_start "
             "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
             "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
-            "AND l.classid = $1::bigint::oid AND l.objid = $2::bigint::oid "
-            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            "AND l.classid = $1::bigint::oid AND l.objid IN ($2::bigint::oid, ($2::bigint + 1)::oid) "
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "ORDER BY l.objid",
             *_LEADER_KEY,
         )
         instances: list[dict[str, Any]] = []

@@ -185,14 +185,24 @@ impl JobContext {
             buf.dirty = false;
             buf.value.clone()
         };
-        sqlx::query(
-            "UPDATE awa.canonical_jobs SET progress = $3 WHERE id = $1 AND run_lease = $2 AND state = 'running'",
-        )
-        .bind(self.job.id)
-        .bind(self.job.run_lease)
-        .bind(value)
-        .execute(&self.pool)
-        .await?;
+        match (self.pool.engine(), value) {
+            (crate::storage::engine::Engine::QueueStorage(qs), Some(value)) => {
+                qs.set_progress(&self.pool, self.job.id, self.job.run_lease, &value)
+                    .await?;
+            }
+            (crate::storage::engine::Engine::QueueStorage(_), None) => {}
+            (crate::storage::engine::Engine::Canonical, value) => {
+                sqlx::query(
+                    "UPDATE awa.canonical_jobs SET progress = $3
+                     WHERE id = $1 AND run_lease = $2 AND state = 'running'",
+                )
+                .bind(self.job.id)
+                .bind(self.job.run_lease)
+                .bind(value)
+                .execute(&self.pool)
+                .await?;
+            }
+        }
         Ok(())
     }
 

@@ -215,8 +215,9 @@ async fn complete_with_follow_ups(
 /// The per-job transaction on queue storage: the lease delete is the guard
 /// (`qs_finalize`, `qs_park`), then the outcome's follow-ups — registered specs first, then,
 /// for `Completed` only, the staged ones in staging order — in the same transaction. The
-/// queues to wake after the commit are pushed to `woken`. Not yet on this engine: the DLQ
-/// (a failed job stays failed in its slot's history) and the progress given with the outcome.
+/// queues to wake after the commit are pushed to `woken`; a failed job of a queue with the DLQ
+/// enabled moves there in the same transaction. Not yet on this engine: the progress given
+/// with the outcome.
 async fn finalize_queue_storage(
     qs: &QueueStorage,
     conn: &mut PgConnection,
@@ -259,6 +260,10 @@ async fn finalize_queue_storage(
         .await?
     {
         return Ok(Finalized::Stale);
+    }
+    if let (true, Transition::Failed { error }) = (fin.dlq, &fin.transition) {
+        qs.move_to_dlq(&mut *conn, &[job.id], Some(&error.error), false)
+            .await?;
     }
     let spec_follow_ups = match spec_event(&fin.transition) {
         Some(event) => specs.follow_ups(job, event)?,

@@ -114,6 +114,7 @@ async fn queue_storage_duties(
     pool: &Db,
     qs: &QueueStorage,
     config: &RuntimeConfig,
+    specs: &Specs,
     now: Instant,
     last: &mut [Instant; 7],
 ) {
@@ -134,7 +135,10 @@ async fn queue_storage_duties(
         .min(config.deadline_rescue_interval)
         .min(config.callback_rescue_interval);
     if due(1, rescue_every) {
-        match qs.rescue(pool, config.heartbeat_staleness).await {
+        match qs
+            .rescue_with_specs(pool, config.heartbeat_staleness, specs)
+            .await
+        {
             Ok(ids) if !ids.is_empty() => {
                 crate::metrics::add(&crate::metrics::JOBS_RESCUED, ids.len() as u64);
                 tracing::warn!(count = ids.len(), "rescued stuck jobs");
@@ -189,7 +193,7 @@ async fn lead(
         let due =
             |i: usize, every: Duration, last: &[Instant; 7]| now.duration_since(last[i]) >= every;
         if let Some(qs) = &queue_storage {
-            queue_storage_duties(pool, qs, config, now, &mut last).await;
+            queue_storage_duties(pool, qs, config, specs, now, &mut last).await;
         }
         if queue_storage.is_none() && due(0, config.promote_interval, &last) {
             last[0] = now;

@@ -131,12 +131,16 @@ pub async fn retry<'e, E: PgExecutor<'e>>(executor: E, id: i64) -> Result<JobRow
     let job = JobRow::from_row(&row)?;
     let changed: bool = sqlx::Row::try_get(&row, "changed")?;
     if !changed {
-        return Err(AwaError::State(format!(
-            "job {id} is {}; only failed, cancelled, retryable or scheduled jobs can be retried",
-            job.state
-        )));
+        return Err(not_retryable(id, job.state.as_str()));
     }
     Ok(job)
+}
+
+/// The error of a retry of a job in `state`, which cannot be retried (both engines).
+pub(crate) fn not_retryable(id: i64, state: &str) -> AwaError {
+    AwaError::State(format!(
+        "job {id} is {state}; only failed, cancelled, retryable or scheduled jobs can be retried"
+    ))
 }
 
 /// A per-queue setting stored in `awa.queue_meta` and shared by every client.

@@ -24,6 +24,12 @@
 //! chunk is retried on the next tick, with its error in `last_error`).
 //!
 //! Every call that changes jobs refuses an empty filter unless the caller says `allow_all`.
+//!
+//! # Both engines
+//! Previews, the snapshot and its count read `awa.jobs` (both engines' jobs); a chunk takes
+//! the next ids of both, changing canonical's rows in place and queue storage's jobs with
+//! `qs_requeue` (an available job's entry is consumed and appended again: entries are never
+//! updated).
 
 use crate::error::{AwaError, Result};
 use crate::model::job::{ts, JOB_COLUMNS};
@@ -396,14 +402,13 @@ pub struct Preview {
 /// Count the queued jobs `request` matches and show the first ten of them (by id).
 /// Changes nothing; needs no `allow_all`.
 pub async fn preview(pool: &Db, request: &BatchRequest) -> Result<Preview> {
-    let count_sql = format!("SELECT count(*) FROM awa.canonical_jobs WHERE {FILTER_SQL}");
+    let count_sql = format!("SELECT count(*) FROM awa.jobs WHERE {FILTER_SQL}");
     let total_matched: i64 = bind_filter(sqlx::query(&count_sql), &request.filter)
         .fetch_one(pool)
         .await?
         .try_get(0)?;
-    let sample_sql = format!(
-        "SELECT {JOB_COLUMNS} FROM awa.canonical_jobs WHERE {FILTER_SQL} ORDER BY id LIMIT $8"
-    );
+    let sample_sql =
+        format!("SELECT {JOB_COLUMNS} FROM awa.jobs WHERE {FILTER_SQL} ORDER BY id LIMIT $8");
     let rows = bind_filter(sqlx::query(&sample_sql), &request.filter)
         .bind(PREVIEW_SAMPLE)
         .fetch_all(pool)
@@ -498,7 +503,7 @@ pub async fn submit(
     }
     let sql = format!(
         "INSERT INTO awa.batch_operations (op_kind, filter, spec, submitted_by, snapshot_max_id)
-         VALUES ($1, $2, $3, $4, (SELECT coalesce(max(id), 0) FROM awa.canonical_jobs))
+         VALUES ($1, $2, $3, $4, (SELECT coalesce(max(id), 0) FROM awa.jobs))
          RETURNING {OP_COLUMNS}"
     );
     let row = sqlx::query(&sql)
@@ -735,7 +740,7 @@ pub(crate) async fn scan(
     runner: Option<&str>,
 ) -> Result<(Cursor, i64)> {
     let sql = format!(
-        "SELECT count(*) AS n, coalesce(max(id), 0) AS top FROM awa.canonical_jobs
+        "SELECT count(*) AS n, coalesce(max(id), 0) AS top FROM awa.jobs
          WHERE {FILTER_SQL} AND id <= $8"
     );
     let row = bind_filter(sqlx::query(&sql), filter)
@@ -802,9 +807,33 @@ pub(crate) async fn apply_chunk(
         BatchSpec::SetPriority { priority } => (None, Some(*priority)),
         BatchSpec::MoveQueue { queue, priority } => (Some(queue.as_str()), *priority),
     };
+    // The queue-storage jobs of the snapshot next to canonical's: the chunk is the first
+    // `chunk` ids of both, in id order (canonical rows locked past the cut are let go at
+    // commit, untouched).
+    let qs = crate::storage::routing::readable_queue_storage(&mut *conn).await?;
+    let (ids, qs_ids) = match &qs {
+        None => (ids, Vec::new()),
+        Some(qs) => {
+            let sql = format!(
+                "SELECT id FROM {}.qs_jobs WHERE {FILTER_SQL} AND id > $8 AND id <= $9
+                 ORDER BY id LIMIT $10",
+                qs.schema()
+            );
+            let theirs: Vec<i64> = bind_filter(sqlx::query(&sql), filter)
+                .bind(cursor.after_job_id)
+                .bind(cursor.max_job_id)
+                .bind(chunk.max(1))
+                .fetch_all(&mut *conn)
+                .await?
+                .iter()
+                .map(|r| r.try_get::<i64, _>(0))
+                .collect::<std::result::Result<_, _>>()?;
+            split_chunk(ids, theirs, chunk.max(1))
+        }
+    };
     // Only rows that really change are written (and counted as processed); a job already at
     // the target is skipped, as in awa-pg.
-    let moved: Vec<(String, String)> = sqlx::query_as(
+    let mut moved: Vec<(String, String)> = sqlx::query_as(
         "UPDATE awa.canonical_jobs SET queue = coalesce($2, queue), priority = coalesce($3, priority)
          WHERE id = ANY($1) AND state IN ('available', 'scheduled')
            AND (($2::text IS NOT NULL AND queue <> $2)
@@ -816,10 +845,16 @@ pub(crate) async fn apply_chunk(
     .bind(priority)
     .fetch_all(&mut *conn)
     .await?;
-    let seen = i64::try_from(ids.len()).unwrap_or(i64::MAX);
+    if let (Some(qs), false) = (&qs, qs_ids.is_empty()) {
+        for (_, q, state) in qs.requeue(&mut *conn, &qs_ids, queue, priority).await? {
+            moved.push((q, state));
+        }
+    }
+    let seen = i64::try_from(ids.len() + qs_ids.len()).unwrap_or(i64::MAX);
     let changed = i64::try_from(moved.len()).unwrap_or(i64::MAX);
+    let last = ids.last().copied().max(qs_ids.last().copied());
     let next = Cursor {
-        after_job_id: ids.last().copied().unwrap_or(cursor.max_job_id),
+        after_job_id: last.unwrap_or(cursor.max_job_id),
         max_job_id: cursor.max_job_id,
     };
     sqlx::query(
@@ -849,6 +884,24 @@ pub(crate) async fn apply_chunk(
         changed,
         cursor: next,
     })
+}
+
+/// The first `chunk` ids of two ascending id lists (canonical's and queue storage's), each
+/// list keeping its own: what one chunk of an operation over both engines covers.
+fn split_chunk(ours: Vec<i64>, theirs: Vec<i64>, chunk: i64) -> (Vec<i64>, Vec<i64>) {
+    let mut all: Vec<i64> = ours.iter().chain(theirs.iter()).copied().collect();
+    all.sort_unstable();
+    let Some(&cut) = all.get(
+        usize::try_from(chunk)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(1),
+    ) else {
+        return (ours, theirs);
+    };
+    (
+        ours.into_iter().filter(|id| *id <= cut).collect(),
+        theirs.into_iter().filter(|id| *id <= cut).collect(),
+    )
 }
 
 /// Record a chunk's failure on the row (the operation stays active and is retried).

@@ -2,6 +2,10 @@
 //! operator, and the operator's calls on it (list with filters and a page cursor, revive with
 //! overrides, purge).
 //!
+//! One DLQ table (`awa.jobs_dlq`) for both engines: the operator's moves take failed jobs from
+//! canonical and from the readable queue-storage schema, and a revived job goes where new jobs
+//! go (`storage::routing`).
+//!
 //! Every bulk call that changes or deletes rows refuses an empty filter unless the caller says
 //! `allow_all`: a bare `purge_dlq()` typed at a console must not empty the whole DLQ.
 
@@ -228,6 +232,16 @@ impl RetryOverrides {
     }
 }
 
+/// The queue-storage schema a revived job goes to, when new jobs go to queue storage.
+async fn revive_to(
+    db: &Db,
+) -> Result<Option<std::sync::Arc<crate::storage::queue_storage::QueueStorage>>> {
+    Ok(match crate::storage::routing::route(db).await? {
+        crate::storage::routing::Route::QueueStorage(qs) => Some(qs),
+        crate::storage::routing::Route::Canonical => None,
+    })
+}
+
 /// The statement that moves DLQ rows selected by `selection` back into `awa.jobs` as fresh
 /// jobs (attempts reset, same id and lease), `scheduled` when the run time is still ahead.
 /// Parameters `$o`, `$o+1`, `$o+2` are the run_at, priority and queue overrides (NULL keeps
@@ -255,6 +269,25 @@ pub async fn retry_from_dlq(
     overrides: &RetryOverrides,
 ) -> Result<Option<JobRow>> {
     overrides.check()?;
+    if let Some(qs) = revive_to(pool).await? {
+        // Read before the commit, as canonical's RETURNING: after it a worker may claim it.
+        let mut tx = pool.begin().await?;
+        let ids = qs
+            .revive(
+                &mut *tx,
+                &[id],
+                overrides.run_at,
+                overrides.priority,
+                overrides.queue.as_deref(),
+            )
+            .await?;
+        let job = match ids.first() {
+            Some(id) => Some(qs.job(&mut *tx, *id).await?),
+            None => None,
+        };
+        tx.commit().await?;
+        return Ok(job);
+    }
     let sql = format!("{} RETURNING {JOB_COLUMNS}", revive_sql("id = $1", 2));
     let row = sqlx::query(&sql)
         .bind(id)
@@ -269,14 +302,24 @@ pub async fn retry_from_dlq(
 
 /// Revive every dead-lettered job of a kind, queue and/or tag (all of them only with
 /// `allow_all`); returns how many.
-pub async fn bulk_retry_from_dlq<'e, E: PgExecutor<'e>>(
-    executor: E,
-    filter: &DlqFilter,
-    allow_all: bool,
-) -> Result<u64> {
+pub async fn bulk_retry_from_dlq(db: &Db, filter: &DlqFilter, allow_all: bool) -> Result<u64> {
     if filter.is_unscoped() && !allow_all {
         return Err(unscoped("bulk_retry_from_dlq", "kind, queue, or tag"));
     }
+    if let Some(qs) = revive_to(db).await? {
+        let mut tx = db.begin().await?;
+        let sql = format!("SELECT id FROM awa.jobs_dlq WHERE {FILTER_SQL} FOR UPDATE");
+        let ids: Vec<i64> = bind_filter(sqlx::query(&sql), filter)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| r.try_get("id"))
+            .collect::<std::result::Result<_, _>>()?;
+        let revived = qs.revive(&mut *tx, &ids, None, None, None).await?;
+        tx.commit().await?;
+        return Ok(revived.len() as u64);
+    }
+    let executor = db;
     let done = bind_filter(sqlx::query(&revive_sql(FILTER_SQL, 6)), filter)
         .bind(None::<DateTime<Utc>>)
         .bind(None::<i16>)
@@ -286,11 +329,28 @@ pub async fn bulk_retry_from_dlq<'e, E: PgExecutor<'e>>(
     Ok(done.rows_affected())
 }
 
+/// Move the failed jobs among `ids` into the DLQ on both engines (canonical, and the
+/// readable queue-storage schema), inside the caller's transaction; returns how many moved.
+pub async fn move_to_dlq_anywhere(
+    conn: &mut PgConnection,
+    ids: &[i64],
+    reason: &str,
+) -> Result<u64> {
+    let mut moved = move_to_dlq(&mut *conn, ids, reason).await?;
+    if let Some(qs) = crate::storage::routing::readable_queue_storage(&mut *conn).await? {
+        moved += qs
+            .move_to_dlq(&mut *conn, ids, Some(reason), false)
+            .await?
+            .len() as u64;
+    }
+    Ok(moved)
+}
+
 /// Move one failed job into the DLQ by hand; `None` when no failed job has this id (it does
 /// not exist, or is in another state: only failed jobs are dead-lettered).
 pub async fn move_failed_to_dlq(pool: &Db, id: i64, reason: &str) -> Result<Option<DlqJob>> {
     let mut tx = pool.begin().await?;
-    let moved = move_to_dlq(&mut tx, &[id], reason).await?;
+    let moved = move_to_dlq_anywhere(&mut tx, &[id], reason).await?;
     let entry = if moved == 0 {
         None
     } else {
@@ -301,9 +361,9 @@ pub async fn move_failed_to_dlq(pool: &Db, id: i64, reason: &str) -> Result<Opti
 }
 
 /// Move every failed job of a kind and/or queue into the DLQ (all failed jobs only with
-/// `allow_all`); returns how many.
-pub async fn bulk_move_failed_to_dlq<'e, E: PgExecutor<'e>>(
-    executor: E,
+/// `allow_all`), on both engines; returns how many.
+pub async fn bulk_move_failed_to_dlq(
+    db: &Db,
     kind: Option<&str>,
     queue: Option<&str>,
     reason: &str,
@@ -312,6 +372,7 @@ pub async fn bulk_move_failed_to_dlq<'e, E: PgExecutor<'e>>(
     if kind.is_none() && queue.is_none() && !allow_all {
         return Err(unscoped("bulk_move_failed_to_dlq", "kind or queue"));
     }
+    let mut tx = db.begin().await?;
     let done = sqlx::query(
         "WITH moved AS (DELETE FROM awa.canonical_jobs WHERE state = 'failed'
                           AND ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2)
@@ -325,9 +386,26 @@ pub async fn bulk_move_failed_to_dlq<'e, E: PgExecutor<'e>>(
     .bind(kind)
     .bind(queue)
     .bind(reason)
-    .execute(executor)
+    .execute(&mut *tx)
     .await?;
-    Ok(done.rows_affected())
+    let mut moved = done.rows_affected();
+    if let Some(qs) = crate::storage::routing::readable_queue_storage(&mut *tx).await? {
+        let ids: Vec<i64> = sqlx::query_scalar(&format!(
+            "SELECT id FROM {}.qs_jobs WHERE state = 'failed'
+               AND ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2)",
+            qs.schema()
+        ))
+        .bind(kind)
+        .bind(queue)
+        .fetch_all(&mut *tx)
+        .await?;
+        moved += qs
+            .move_to_dlq(&mut *tx, &ids, Some(reason), false)
+            .await?
+            .len() as u64;
+    }
+    tx.commit().await?;
+    Ok(moved)
 }
 
 /// Delete one dead-lettered job; `true` when it was there.

@@ -17,9 +17,10 @@
 //! transaction, every per-job outcome (completed with follow-ups, retryable, snoozed, failed,
 //! cancelled, parked on a callback), rescue, promotion and both rings' rotation, unique
 //! keys (`unique_keys`, checked lazily: install.sql), and the public insert paths
-//! (`storage::routing`). Not yet: the DLQ, registered specs'
-//! exhausted/cancelled follow-ups on rescue, admin writes through `awa.jobs`, callbacks'
-//! resolution.
+//! (`storage::routing`), the DLQ (the finalizer's and rescue's moves). Operator actions on
+//! jobs of either engine are `storage::routing`'s and `storage::dlq`'s. Rescue fires registered specs'
+//! follow-ups. Batch operations change both engines' jobs
+//! (`storage::batch_ops`). Not yet: callbacks' resolution.
 
 use crate::error::Result;
 use crate::model::{JobRow, NewJob};

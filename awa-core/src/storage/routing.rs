@@ -8,8 +8,9 @@
 //! guards, checked after the insert holds its table lock), the route is read again and the
 //! insert retried once, on the engine now open.
 //!
-//! Reads (`get_job`, `list_jobs`) and `cancel` look at both engines while a queue-storage
-//! schema is active or was routed to, so a job is found wherever it lives.
+//! Reads (`get_job`, `list_jobs`) and operator actions (`cancel`, `retry`, `retry_failed`,
+//! `discard_failed`, `drain_queue`) look at both engines while a queue-storage schema is
+//! active or was routed to, so a job is found and changed wherever it lives.
 
 use crate::error::{AwaError, Result};
 use crate::model::job::JOB_COLUMNS;
@@ -228,9 +229,13 @@ fn new_row(id: i64, job: &NewJob, now: chrono::DateTime<chrono::Utc>) -> JobRow 
 
 /// The queue-storage schema whose jobs reads should include: the active one, else the one a
 /// mixed transition routed to (kept in `awa.runtime_storage_backends`).
-pub async fn readable_queue_storage(db: &Db) -> Result<Option<Arc<QueueStorage>>> {
+/// Through any executor: a caller holding a transaction asks on it (a pool of one
+/// connection has no second one to ask on).
+pub async fn readable_queue_storage<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+) -> Result<Option<Arc<QueueStorage>>> {
     let schema: Option<String> = sqlx::query_scalar("SELECT awa.readable_queue_storage_schema()")
-        .fetch_one(db)
+        .fetch_one(executor)
         .await?;
     schema.map(handle).transpose()
 }
@@ -244,14 +249,7 @@ pub async fn get_job(db: &Db, id: i64) -> Result<JobRow> {
     let Some(qs) = readable_queue_storage(db).await? else {
         return Err(AwaError::JobNotFound(id));
     };
-    let sql = format!(
-        "SELECT {JOB_COLUMNS} FROM {}.qs_jobs WHERE id = $1",
-        qs.schema()
-    );
-    match sqlx::query(&sql).bind(id).fetch_optional(db).await? {
-        Some(row) => Ok(JobRow::from_row(&row)?),
-        None => Err(AwaError::JobNotFound(id)),
-    }
+    qs.job(db, id).await
 }
 
 /// Jobs matching a filter on both engines, newest id first.
@@ -321,6 +319,93 @@ pub async fn cancel_by_unique_key(db: &Db, key: &[u8]) -> Result<Option<JobRow>>
         Some(_) => Ok(Some(get_job(db, id).await?)),
         None => Ok(None),
     }
+}
+
+/// Retry a job now on whichever engine holds it (see [`admin::retry`]).
+pub async fn retry(db: &Db, id: i64) -> Result<JobRow> {
+    match admin::retry(db, id).await {
+        Err(AwaError::JobNotFound(_)) => {}
+        other => return other,
+    }
+    let Some(qs) = readable_queue_storage(db).await? else {
+        return Err(AwaError::JobNotFound(id));
+    };
+    // The job as retried is read before the commit: after it, a worker may claim it first.
+    let mut tx = db.begin().await?;
+    let job = match qs.retry(&mut *tx, id).await?.as_deref() {
+        None => return Err(AwaError::JobNotFound(id)),
+        Some("retried") => qs.job(&mut *tx, id).await?,
+        Some(state) => return Err(admin::not_retryable(id, state)),
+    };
+    tx.commit().await?;
+    Ok(job)
+}
+
+/// Retry the failed jobs of a kind and/or queue on both engines (see
+/// [`admin::retry_failed`]); the jobs come back in id order.
+pub async fn retry_failed(
+    db: &Db,
+    kind: Option<&str>,
+    queue: Option<&str>,
+    allow_all: bool,
+) -> Result<admin::RetriedFailed> {
+    let mut out = admin::retry_failed(db, kind, queue, allow_all).await?;
+    let Some(qs) = readable_queue_storage(db).await? else {
+        return Ok(out);
+    };
+    // One statement: the failed jobs matched, and the ids of those retried (a job another
+    // caller retried or discarded meanwhile is matched but not retried).
+    let mut tx = db.begin().await?;
+    let (matched, retried): (i64, Vec<i64>) = sqlx::query_as(&format!(
+        "WITH matched AS MATERIALIZED (
+             SELECT id FROM {s}.qs_jobs WHERE state = 'failed'
+               AND ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2)),
+         retried AS MATERIALIZED (SELECT id, {s}.qs_retry(id) AS state FROM matched)
+         SELECT (SELECT count(*) FROM matched),
+                coalesce((SELECT array_agg(id ORDER BY id) FROM retried WHERE state = 'retried'), '{{}}')",
+        s = qs.schema()
+    ))
+    .bind(kind)
+    .bind(queue)
+    .fetch_one(&mut *tx)
+    .await?;
+    out.matched += matched;
+    // Read before the commit, as canonical returns them: after it a worker may claim them.
+    for id in retried {
+        out.jobs.push(qs.job(&mut *tx, id).await?);
+    }
+    tx.commit().await?;
+    out.jobs.sort_by_key(|j| j.id);
+    Ok(out)
+}
+
+/// Delete the failed jobs of `kind` (optionally only in `queue`) on both engines; how many.
+pub async fn discard_failed(db: &Db, kind: &str, queue: Option<&str>) -> Result<u64> {
+    let mut n = admin::discard_failed(db, kind, queue).await?;
+    if let Some(qs) = readable_queue_storage(db).await? {
+        n += qs.discard_failed(db, kind, queue).await?.len() as u64;
+    }
+    Ok(n)
+}
+
+/// Cancel every job of a queue that has not started, on both engines; how many.
+pub async fn drain_queue(db: &Db, queue: &str) -> Result<u64> {
+    let mut n = admin::drain_queue(db, queue).await?;
+    if let Some(qs) = readable_queue_storage(db).await? {
+        let cancelled: i64 = sqlx::query_scalar(&format!(
+            "WITH pending AS MATERIALIZED (
+                 SELECT id FROM {s}.qs_jobs
+                 WHERE queue = $1 AND state IN ('scheduled', 'available', 'retryable')),
+             cancelled AS MATERIALIZED (SELECT {s}.qs_cancel(id) AS state FROM pending)
+             SELECT count(*) FROM cancelled WHERE state = 'cancelled'",
+            s = qs.schema()
+        ))
+        .bind(queue)
+        .fetch_one(db)
+        .await?;
+        n += u64::try_from(cancelled).unwrap_or(0);
+    }
+    Ok(n)
 }
 
 /// Per-queue counts, throughput and lag over both engines (see [`admin::queue_stats`]).

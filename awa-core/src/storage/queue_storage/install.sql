@@ -106,14 +106,16 @@ CREATE TABLE {s}.receipts (
     finalized_at timestamptz NOT NULL
 ) PARTITION BY LIST (slot);
 
--- Failed and cancelled attempts (narrow: the entry keeps the payload).
+-- Failed and cancelled jobs (narrow: the entry keeps the payload). `ran` is false for a job
+-- cancelled before a claim leased its entry: no attempt was made, so none is counted.
 CREATE TABLE {s}.done_entries (
     slot         integer     NOT NULL,
     generation   bigint      NOT NULL,
     seq          bigint      NOT NULL,
     state        text        NOT NULL,
     errors       jsonb       NOT NULL,
-    finalized_at timestamptz NOT NULL
+    finalized_at timestamptz NOT NULL,
+    ran          boolean     NOT NULL DEFAULT true
 ) PARTITION BY LIST (slot);
 
 -- Scheduled, retryable and snoozed jobs: whole rows, few at a time.
@@ -625,10 +627,10 @@ BEGIN
             INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
             SELECT i.slot, i.queue, i.priority, i.seq FROM ins i
         )
-        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at)
+        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, ran)
         SELECT i.slot, i.generation, i.seq, 'cancelled',
                i.errors || jsonb_build_array(reason || jsonb_build_object('attempt', i.attempt)),
-               now()
+               now(), false
         FROM ins i;
         RETURN 'cancelled';
     END IF;
@@ -647,10 +649,10 @@ BEGIN
         IF FOUND THEN
             INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
             VALUES (e.slot, e.queue, e.priority, e.seq);
-            INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at)
+            INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, ran)
             VALUES (e.slot, e.generation, e.seq, 'cancelled',
                     e.errors || jsonb_build_array(reason || jsonb_build_object('attempt', e.attempt)),
-                    now());
+                    now(), false);
             RETURN 'cancelled';
         END IF;
     END IF;
@@ -965,10 +967,10 @@ CREATE VIEW {s}.qs_jobs AS
     CROSS JOIN LATERAL unnest(r.seqs) AS u(seq)
     JOIN {s}.ready_entries e ON e.slot = r.slot AND e.seq = u.seq
     UNION ALL
-    SELECT e.id, e.kind, e.queue, e.args, d.state, e.priority, e.attempt + 1, e.max_attempts,
-           e.run_at, NULL, NULL, NULL, d.finalized_at, e.created_at, d.errors, e.metadata,
-           e.tags, e.unique_key, e.unique_states, NULL, NULL, e.run_lease + 1, NULL,
-           e.ordering_key
+    SELECT e.id, e.kind, e.queue, e.args, d.state, e.priority, e.attempt + d.ran::int,
+           e.max_attempts, e.run_at, NULL, NULL, NULL, d.finalized_at, e.created_at, d.errors,
+           e.metadata, e.tags, e.unique_key, e.unique_states, NULL, NULL,
+           e.run_lease + d.ran::int, NULL, e.ordering_key
     FROM {s}.done_entries d
     JOIN {s}.ready_entries e ON e.slot = d.slot AND e.seq = d.seq
     UNION ALL

@@ -11,7 +11,8 @@
 
 use crate::error::{AwaError, Result};
 use crate::model::job::JOB_COLUMNS;
-use crate::model::{JobRow, NewJob};
+use crate::model::{JobRow, JobState, NewJob};
+use crate::specs::{SpecEvent, Specs};
 use crate::storage::copy;
 use crate::storage::pool::Db;
 use chrono::{DateTime, Utc};
@@ -21,6 +22,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 const INSTALL_SQL: &str = include_str!("install.sql");
+/// Operator actions and the test harness's claim, replaced at every install call (so a
+/// substrate installed before one of them existed gets it).
+const ADMIN_SQL: &str = include_str!("admin.sql");
 
 /// Slot counts a ring may have (awa-pg's defaults, 16 and 8, are inside).
 const SLOT_RANGE: std::ops::RangeInclusive<u32> = 2..=256;
@@ -142,9 +146,14 @@ impl QueueStorage {
     }
 
     fn created(prefix: &str) -> Vec<&'static str> {
+        let replaced = prefix.replacen("CREATE ", "CREATE OR REPLACE ", 1);
         INSTALL_SQL
             .lines()
-            .filter_map(|line| line.strip_prefix(prefix))
+            .chain(ADMIN_SQL.lines())
+            .filter_map(move |line| {
+                line.strip_prefix(prefix)
+                    .or_else(|| line.strip_prefix(replaced.as_str()))
+            })
             .filter_map(|rest| rest.split([' ', '(']).next())
             .filter(|name| !name.is_empty())
             .collect()
@@ -177,16 +186,17 @@ impl QueueStorage {
 
     /// [`QueueStorage::install`] on the caller's open transaction.
     pub async fn install_in(&self, conn: &mut PgConnection) -> Result<()> {
-        if self.installed_on(conn).await? {
-            return Ok(());
+        if !self.installed_on(conn).await? {
+            let sql = INSTALL_SQL
+                .replace("{s}", &self.schema)
+                .replace("{q}", &self.queue_slots.to_string())
+                .replace("{l}", &self.lease_slots.to_string());
+            // The simple-query protocol runs the whole script (raw_sql's future is not `Send`
+            // for every lifetime, which a spawned caller needs).
+            sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
         }
-        let sql = INSTALL_SQL
-            .replace("{s}", &self.schema)
-            .replace("{q}", &self.queue_slots.to_string())
-            .replace("{l}", &self.lease_slots.to_string());
-        // The simple-query protocol runs the whole script (raw_sql's future is not `Send`
-        // for every lifetime, which a spawned caller needs).
-        sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
+        let admin = ADMIN_SQL.replace("{s}", &self.schema);
+        sqlx::Executor::execute(&mut *conn, admin.as_str()).await?;
         Ok(())
     }
 
@@ -579,6 +589,130 @@ impl QueueStorage {
             .await?)
     }
 
+    /// Retry a job now, as canonical's admin retry does (`qs_retry`): `Some("retried")`, or
+    /// `Some(state)` when its state cannot be retried, or `None` when the substrate does not
+    /// hold it.
+    pub async fn retry<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        executor: E,
+        id: i64,
+    ) -> Result<Option<String>> {
+        let sql = format!("SELECT {}($1)", self.name("qs_retry"));
+        Ok(sqlx::query_scalar(&sql)
+            .bind(id)
+            .fetch_one(executor)
+            .await?)
+    }
+
+    /// Delete the failed jobs of `kind` (optionally only in `queue`); the ids deleted.
+    pub async fn discard_failed<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        executor: E,
+        kind: &str,
+        queue: Option<&str>,
+    ) -> Result<Vec<i64>> {
+        let sql = format!("SELECT * FROM {}($1, $2)", self.name("qs_discard_failed"));
+        Ok(sqlx::query_scalar(&sql)
+            .bind(kind)
+            .bind(queue)
+            .fetch_all(executor)
+            .await?)
+    }
+
+    /// One job as `qs_jobs` shows it (a scan: entries are not indexed by id).
+    pub async fn job<'e, E: sqlx::PgExecutor<'e>>(&self, executor: E, id: i64) -> Result<JobRow> {
+        let sql = format!(
+            "SELECT {JOB_COLUMNS} FROM {} WHERE id = $1",
+            self.name("qs_jobs")
+        );
+        match sqlx::query(&sql).bind(id).fetch_optional(executor).await? {
+            Some(row) => Ok(JobRow::from_row(&row)?),
+            None => Err(AwaError::JobNotFound(id)),
+        }
+    }
+
+    /// Move the failed jobs among `ids` into the DLQ (`qs_move_to_dlq`): with `reason`, or
+    /// each job's last error; with `only_enabled`, only jobs of queues with the DLQ enabled.
+    /// Returns the ids moved.
+    pub async fn move_to_dlq<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        executor: E,
+        ids: &[i64],
+        reason: Option<&str>,
+        only_enabled: bool,
+    ) -> Result<Vec<i64>> {
+        let sql = format!("SELECT * FROM {}($1, $2, $3)", self.name("qs_move_to_dlq"));
+        Ok(sqlx::query_scalar(&sql)
+            .bind(ids)
+            .bind(reason)
+            .bind(only_enabled)
+            .fetch_all(executor)
+            .await?)
+    }
+
+    /// Put dead-lettered jobs `ids` back on this engine (`qs_revive`) with the overrides
+    /// given; returns the ids revived.
+    pub async fn revive<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        executor: E,
+        ids: &[i64],
+        run_at: Option<DateTime<Utc>>,
+        priority: Option<i16>,
+        queue: Option<&str>,
+    ) -> Result<Vec<i64>> {
+        let sql = format!("SELECT * FROM {}($1, $2, $3, $4)", self.name("qs_revive"));
+        Ok(sqlx::query_scalar(&sql)
+            .bind(ids)
+            .bind(run_at)
+            .bind(priority)
+            .bind(queue)
+            .fetch_all(executor)
+            .await?)
+    }
+
+    /// A batch operation's change to the queued jobs among `ids` (`qs_requeue`): each job
+    /// changed, with its queue and state.
+    pub(crate) async fn requeue(
+        &self,
+        conn: &mut PgConnection,
+        ids: &[i64],
+        queue: Option<&str>,
+        priority: Option<i16>,
+    ) -> Result<Vec<(i64, String, String)>> {
+        let sql = format!("SELECT * FROM {}($1, $2, $3)", self.name("qs_requeue"));
+        Ok(sqlx::query_as(&sql)
+            .bind(ids)
+            .bind(queue)
+            .bind(priority)
+            .fetch_all(&mut *conn)
+            .await?)
+    }
+
+    /// Claim the oldest available job of `kind` in `queue` (the test harness's claim), with
+    /// the attempt deadline `deadline` from now.
+    pub async fn claim_kind(
+        &self,
+        pool: &Db,
+        queue: &str,
+        kind: &str,
+        deadline: Duration,
+    ) -> Result<Vec<JobRow>> {
+        let sql = format!(
+            "SELECT * FROM {}($1, $2, make_interval(secs => $3))",
+            self.name("qs_claim_kind")
+        );
+        let rows = sqlx::query(&sql)
+            .bind(queue)
+            .bind(kind)
+            .bind(deadline.as_secs_f64())
+            .fetch_all(pool.pool())
+            .await?;
+        Ok(rows
+            .iter()
+            .map(JobRow::from_row)
+            .collect::<std::result::Result<_, _>>()?)
+    }
+
     /// Complete attempts `(ids[i], run_leases[i])`; returns the ids whose lease was still
     /// open (the others were rescued or already completed: stale, nothing written).
     pub async fn complete(&self, pool: &Db, ids: &[i64], run_leases: &[i64]) -> Result<Vec<i64>> {
@@ -620,14 +754,59 @@ impl QueueStorage {
     /// Rescue attempts whose heartbeat is older than `stale` or whose deadline has passed:
     /// retryable (or failed when out of attempts). Returns the ids rescued.
     pub async fn rescue(&self, pool: &Db, stale: Duration) -> Result<Vec<i64>> {
+        self.rescue_with_specs(pool, stale, &Specs::default()).await
+    }
+
+    /// [`QueueStorage::rescue`], firing the registered specs of the jobs it fails for good
+    /// (`on_exhausted`) or cancels (a cancel was requested while they ran), in the same
+    /// transaction, as canonical's rescue does.
+    pub async fn rescue_with_specs(
+        &self,
+        pool: &Db,
+        stale: Duration,
+        specs: &Specs,
+    ) -> Result<Vec<i64>> {
         let sql = format!(
             "SELECT * FROM {}(make_interval(secs => $1))",
             self.name("qs_rescue")
         );
-        Ok(sqlx::query_scalar(&sql)
+        let mut tx = pool.begin().await?;
+        let ids: Vec<i64> = sqlx::query_scalar(&sql)
             .bind(stale.as_secs_f64())
-            .fetch_all(pool.pool())
-            .await?)
+            .fetch_all(&mut *tx)
+            .await?;
+        if ids.is_empty() {
+            tx.rollback().await?;
+            return Ok(ids);
+        }
+        if specs.has_any(SpecEvent::Exhausted) || specs.has_any(SpecEvent::Cancelled) {
+            let rows = sqlx::query(&format!(
+                "SELECT {JOB_COLUMNS} FROM {} WHERE id = ANY($1)
+                   AND state IN ('failed', 'cancelled') ORDER BY id",
+                self.name("qs_jobs")
+            ))
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await?;
+            let mut follow_ups = Vec::new();
+            for row in &rows {
+                let job = JobRow::from_row(row)?;
+                let event = match job.state {
+                    JobState::Failed => SpecEvent::Exhausted,
+                    _ => SpecEvent::Cancelled,
+                };
+                follow_ups.extend(specs.follow_ups(&job, event)?);
+            }
+            if !follow_ups.is_empty() {
+                let refs: Vec<&NewJob> = follow_ups.iter().collect();
+                self.enqueue_follow_ups(&mut *tx, &refs).await?;
+            }
+        }
+        // Those it failed for good go to the DLQ where their queue sends failed jobs there,
+        // in the same transaction (as canonical's rescue), with the rescue's reason.
+        self.move_to_dlq(&mut *tx, &ids, None, true).await?;
+        tx.commit().await?;
+        Ok(ids)
     }
 
     /// Append every due deferred job to the current slot; returns how many.
