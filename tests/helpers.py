@@ -60,17 +60,19 @@ async def complete_jobs(client: awa.AsyncClient, ids: Any) -> None:
         assert result.outcome == "completed" and result.job and result.job.id == job_id, (job_id, result)
 
 
-async def fail_jobs(client: awa.AsyncClient, ids: Any, error: str = "boom") -> None:
+async def fail_jobs(client: awa.AsyncClient, ids: Any, error: str = "boom", progress: Any = None) -> None:
     """Fail jobs as a worker does when its handler raises a terminal error on the first
     attempt: one attempt, the error and its traceback recorded, the job failed. Through
     ``awa.testing``'s ``work_one``, so on either engine (SQL through ``awa.jobs`` cannot change
     queue storage's jobs); each job is claimed by its kind and queue, and must be the oldest
-    available one of them."""
+    available one of them. ``progress``, ``(percent, message)``, is recorded first."""
     from awa.testing import AwaTestClient
 
     harness = AwaTestClient(client)
 
     async def handler(job: Any) -> None:
+        if progress is not None:
+            job.set_progress(*progress)
         raise awa.TerminalError(error)
 
     for job_id in ids:

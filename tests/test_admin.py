@@ -14,6 +14,7 @@ from typing import Any, Callable
 import pytest
 
 import awa
+from awa.testing import AwaTestClient
 from helpers import fail_jobs
 
 
@@ -112,7 +113,6 @@ async def _queue_meta(client: awa.AsyncClient, queue: str) -> dict[str, Any]:
         )
 
 
-@pytest.mark.canonical_only("changes jobs with SQL through awa.jobs, which refuses writes to queue storage's jobs")
 async def test_dump_job_and_dump_run(client: awa.AsyncClient) -> None:
     job = await client.insert(Chore(n=1), tags=["x"])
     dump = json.loads(await client.dump_job(job.id))
@@ -124,15 +124,21 @@ async def test_dump_job_and_dump_run(client: awa.AsyncClient) -> None:
     run = json.loads(await client.dump_run(job.id))
     assert (run["selected_attempt"], run["source"], run["state"]) == (0, "current_job_row", "available")
 
-    await _fail(client)
-    await client._execute("UPDATE awa.jobs SET attempt = 2, attempted_at = finalized_at WHERE id = $1", job.id)
+    # Attempt 1 fails and will be retried; retried now, attempt 2 fails for good.
+    async def flaky(_job: Any) -> None:
+        raise RuntimeError("boom")
+
+    first = await AwaTestClient(client).work_one(Chore, flaky)
+    assert first.outcome == "retryable", first
+    assert (await client.retry(job.id)).state == "available"
+    await fail_jobs(client, [job.id])
     dump = json.loads(await client.dump_job(job.id))
     assert dump["summary"]["can_retry"] and not dump["summary"]["can_cancel"]
     assert dump["summary"]["latest_error"] == "boom"
     labels = [e["label"] for e in dump["timeline"]]
     assert labels[0] == "Created" and "Attempt 1 failed" in labels and labels[-1] == "Failed"
     earlier = json.loads(await client.dump_run(job.id, 1))
-    assert (earlier["source"], earlier["error"]) == ("error_history", "boom")
+    assert (earlier["source"], earlier["error"]) == ("error_history", "RuntimeError: boom")
     with pytest.raises(awa.ValidationError, match="attempt 7 is not present"):
         await client.dump_run(job.id, 7)
     with pytest.raises(awa.JobNotFound):

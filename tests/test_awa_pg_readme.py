@@ -123,7 +123,6 @@ async def test_insert_then_sleep_then_shutdown_completes_the_job(database_url: s
 
 
 
-@pytest.mark.canonical_only("durable batch operations change canonical jobs only")
 async def test_durable_batch_operations(client: awa.AsyncClient) -> None:
     """preview_set_priority / set_priority / move_queue with filters, list_batch_operations,
     cancel_batch_operation(operation["id"]), as the README's operator example calls them."""

@@ -68,7 +68,6 @@ async def parking(client: awa.AsyncClient) -> Any:
         await client.shutdown()
 
 
-@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on canonical only")
 async def test_resolve_completes_fails_or_ignores_by_the_rules(parking: awa.AsyncClient) -> None:
     c = parking
     ok_job, ok = await _park(c, 1)
@@ -97,7 +96,6 @@ async def test_resolve_completes_fails_or_ignores_by_the_rules(parking: awa.Asyn
     assert defaulted.is_failed()
 
 
-@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on canonical only")
 async def test_transform_reshapes_the_completion_payload(parking: awa.AsyncClient) -> None:
     job, token = await _park(parking, 1, "transform")
     result = await parking.resolve_callback(token.id, {"status": "ok", "amount": 12})
@@ -109,7 +107,6 @@ async def test_transform_reshapes_the_completion_payload(parking: awa.AsyncClien
     assert (await parking.get_job(job2.id)).state is awa.JobState.WaitingExternal
 
 
-@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on canonical only")
 async def test_without_rules_the_default_action_decides(parking: awa.AsyncClient) -> None:
     _, a = await _park(parking, 1, "none")
     assert (await parking.resolve_callback(a.id, {"x": 1})).is_ignored()
@@ -145,7 +142,6 @@ async def test_bad_expressions_are_refused_at_registration(client: awa.AsyncClie
     assert "limit is 4096" in errors[2]
 
 
-@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on canonical only")
 async def test_rules_belong_to_their_own_callback(client: awa.AsyncClient) -> None:
     """A second registration in the same attempt replaces the first one's rules."""
     tokens: list[awa.CallbackToken] = []
@@ -166,7 +162,6 @@ async def test_rules_belong_to_their_own_callback(client: awa.AsyncClient) -> No
     assert result.is_completed(), result
 
 
-@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on canonical only")
 async def test_resume_external_leaves_the_job_running_with_the_payload_in_metadata(client: awa.AsyncClient) -> None:
     tokens: asyncio.Queue[awa.CallbackToken] = asyncio.Queue()
     go = asyncio.Event()
@@ -194,7 +189,6 @@ async def test_resume_external_leaves_the_job_running_with_the_payload_in_metada
     assert "_awa_callback_result" not in done.metadata, "the wait took the payload"
 
 
-@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on canonical only")
 async def test_a_parked_job_resumed_runs_again_and_finds_the_payload(client: awa.AsyncClient) -> None:
     attempts: list[dict[str, Any]] = []
     tokens: list[awa.CallbackToken] = []

@@ -28,7 +28,7 @@ async def bump_lease(client: awa.AsyncClient, job_id: int) -> None:
         await tx.execute("UPDATE awa.jobs SET run_lease = run_lease + 1 WHERE id = $1", job_id)
 
 
-@pytest.mark.canonical_only("changes jobs with SQL through awa.jobs, which refuses writes to queue storage's jobs")
+@pytest.mark.canonical_only("simulates a rescue by changing the job's lease with SQL; on queue storage engine_conformance_test's rescue scenario proves it")
 async def test_a_completion_for_a_superseded_lease_changes_nothing_and_inserts_no_follow_up(
     client: awa.AsyncClient,
 ) -> None:
@@ -57,7 +57,7 @@ async def test_a_completion_for_a_superseded_lease_changes_nothing_and_inserts_n
     assert await client.list_jobs(kind="follow") == [], "and inserted none of its follow-ups"
 
 
-@pytest.mark.canonical_only("changes jobs with SQL through awa.jobs, which refuses writes to queue storage's jobs")
+@pytest.mark.canonical_only("simulates a rescue by changing the job's lease with SQL; on queue storage engine_conformance_test's rescue scenario proves it")
 async def test_a_reclaimed_job_runs_again_and_only_the_new_attempt_commits(client: awa.AsyncClient) -> None:
     attempts: list[int] = []
     first_running = asyncio.Event()

@@ -248,7 +248,6 @@ def test_dlq_routes(api: Api, sync_client: awa.Client) -> None:
     assert api.post("/api/dlq/bulk-purge", {"all": True}) == {"purged": 2}
 
 
-@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on canonical only")
 def test_callback_routes(api: Api, database_url: str) -> None:
     async def body() -> None:
         client = awa.AsyncClient(database_url)

@@ -102,7 +102,6 @@ async def test_a_swallowed_staging_error_poisons_the_attempt(client: awa.AsyncCl
     assert isinstance(exc.__cause__, awa.ValidationError), "chained from the original error"
 
 
-@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on canonical only")
 @pytest.mark.parametrize("mode", ["cancel", "raise", "terminal", "retry_after", "snooze", "wait"])
 async def test_every_other_outcome_discards(
     client: awa.AsyncClient, mode: str, fast: dict[str, Any]
@@ -219,7 +218,6 @@ async def test_work_one_seals_the_instant_the_handler_returns(client: awa.AsyncC
     assert await b_jobs(client) == []
 
 
-@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on canonical only")
 async def test_staged_after_wait_for_callback_resumes(client: awa.AsyncClient, fast: dict[str, Any]) -> None:
     tokens: asyncio.Queue[awa.CallbackToken] = asyncio.Queue()
 
@@ -242,7 +240,6 @@ async def test_staged_after_wait_for_callback_resumes(client: awa.AsyncClient, f
     assert sorted(b.args["item_id"] for b in await b_jobs(client)) == [1, 2]
 
 
-@pytest.mark.canonical_only("callbacks are resolved (complete_external, resume_external, timeouts) on canonical only")
 async def test_complete_external_discards_staged(client: awa.AsyncClient, fast: dict[str, Any]) -> None:
     tokens: asyncio.Queue[awa.CallbackToken] = asyncio.Queue()
     wait_errors: list[BaseException] = []

@@ -88,7 +88,7 @@ async def test_async_with_exiting_normally_after_a_swallowed_error_raises(client
     assert await _kinds(client) == []
 
 
-@pytest.mark.canonical_only("changes jobs with SQL through awa.jobs, which refuses writes to queue storage's jobs")
+@pytest.mark.canonical_only("rejects inserts with a row trigger on canonical's table, where queue storage's jobs do not go")
 async def test_a_failed_insert_marks_the_transaction_failed(client: awa.AsyncClient) -> None:
     # A database-side insert failure (the row breaks a CHECK the validator cannot see here:
     # a trigger raising stands in for any server-side rejection).

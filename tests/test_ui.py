@@ -14,7 +14,7 @@ import pytest
 
 import awa
 from awa._serve import ServeConfig
-from helpers import complete_jobs
+from helpers import complete_jobs, fail_jobs
 from test_cli import dead, fail_job, insert
 from test_serve import Api, start
 
@@ -112,9 +112,9 @@ def shot(driver: Any, name: str) -> None:
 
 
 def test_dashboard_renders_counts_chart_queues_failures(driver: Any, ui: Api, sync_client: awa.Client) -> None:
-    insert(sync_client, 3, queue="mail", kind="send_email")
     broken = insert(sync_client, 1, queue="mail", kind="send_email")[0]
     fail_job(sync_client, broken, "SMTP said 550")
+    insert(sync_client, 3, queue="mail", kind="send_email")
     done = insert(sync_client, 2, queue="reports", kind="nightly_report")
     sync_client._run(complete_jobs(sync_client._async, done))
     open_page(driver, ui, "/", "/")
@@ -159,12 +159,9 @@ def test_jobs_page_filters_paging_and_bulk_actions(driver: Any, ui: Api, sync_cl
     assert {ui.get(f"/api/jobs/{i}")["state"] for i in ids[-2:]} == {"available"}
 
 
-@pytest.mark.canonical_only("sets a failed job's progress with SQL; queue storage keeps no progress for finished jobs")
 def test_job_detail_shows_args_errors_progress_and_acts(driver: Any, ui: Api, sync_client: awa.Client) -> None:
     job_id = sync_client.insert({"to": "ada@example.com"}, kind="send_email", metadata={"tenant": "t1"}).id
-    fail_job(sync_client, job_id, "SMTP said 550")
-    sync_client._run(sync_client._async._execute(
-        "UPDATE awa.jobs SET progress = '{\"percent\": 40, \"message\": \"half way\"}' WHERE id = $1", job_id))
+    sync_client._run(fail_jobs(sync_client._async, [job_id], "SMTP said 550", progress=(40, "half way")))
     open_page(driver, ui, f"/jobs/{job_id}", f"/jobs/{job_id}")
     assert "ada@example.com" in text(driver, "#job-args")
     assert "tenant" in text(driver, "#job-metadata")

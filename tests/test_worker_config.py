@@ -111,7 +111,7 @@ async def test_weighted_queue_with_no_minimum_runs_on_the_pool(client: awa.Async
 # ----- rate limit, claim batch, claimers, deadline, aging ----------------------------------------
 
 
-@pytest.mark.canonical_only("changes jobs with SQL through awa.jobs, which refuses writes to queue storage's jobs")
+@pytest.mark.canonical_only("reads attempted_at/deadline_at of completed jobs: queue storage's completion receipts are narrow and keep neither")
 async def test_rate_limit_never_exceeds_the_bucket(client: awa.AsyncClient) -> None:
     rate, burst, jobs = 20.0, 3, 25
 
@@ -146,7 +146,7 @@ async def test_rate_limit_never_exceeds_the_bucket(client: awa.AsyncClient) -> N
     assert (claims[-1][0] - claims[0][0]).total_seconds() >= least
 
 
-@pytest.mark.canonical_only("changes jobs with SQL through awa.jobs, which refuses writes to queue storage's jobs")
+@pytest.mark.canonical_only("reads attempted_at/deadline_at of completed jobs: queue storage's completion receipts are narrow and keep neither")
 async def test_claim_batch_size_and_claimers(client: awa.AsyncClient) -> None:
     seen: Counter[int] = Counter()
 
@@ -169,7 +169,7 @@ async def test_claim_batch_size_and_claimers(client: awa.AsyncClient) -> None:
     assert max(n for _, n in await _claims(client, "batched")) <= 2
 
 
-@pytest.mark.canonical_only("changes jobs with SQL through awa.jobs, which refuses writes to queue storage's jobs")
+@pytest.mark.canonical_only("reads attempted_at/deadline_at of completed jobs: queue storage's completion receipts are narrow and keep neither")
 async def test_deadline_duration_ms_sets_the_attempts_deadline(client: awa.AsyncClient) -> None:
     @client.task(Unit, queue="deadlined")
     async def handle(job: awa.Job) -> None:

@@ -149,6 +149,8 @@ both_engines!(
     operator_actions_change_jobs_as_on_canonical,
     failed_jobs_go_to_the_dlq_where_enabled,
     rescue_fires_the_exhausted_specs_of_the_jobs_it_fails,
+    external_callbacks_resolve_parked_and_waiting_attempts,
+    progress_survives_retries_and_stays_with_a_failed_job,
 );
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -758,4 +760,188 @@ async fn rescue_fires_the_exhausted_specs_of_the_jobs_it_fails(engine: &str) {
             .count(),
         1
     );
+}
+
+/// External callbacks on either engine: a parked job completed from outside (its Completed
+/// spec fired), another failed (its Exhausted spec fired), one retried (it runs again), a
+/// handler waiting in-process resumed with the payload, a heartbeat extending a timeout, and
+/// an unknown callback refused.
+async fn external_callbacks_resolve_parked_and_waiting_attempts(engine: &str) {
+    use awa_core::storage::callbacks;
+    let (_db, pool) = setup(engine).await;
+    let tokens: Arc<Mutex<HashMap<i64, String>>> = Arc::default();
+    let resumed: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+    let client = Client::builder(pool.clone())
+        .queue("default", QueueConfig::new(4))
+        .config(fast_config())
+        .register_worker(Caller {
+            tokens: tokens.clone(),
+            resumed: resumed.clone(),
+        })
+        .on_completed_enqueue::<Mode, Alert, _>(|_| {
+            EnqueueRequest::new(Alert { failed: 0 }).queue("alerts")
+        })
+        .on_exhausted_enqueue::<Mode, Alert, _>(|_| {
+            EnqueueRequest::new(Alert { failed: 1 }).queue("alerts")
+        })
+        .build()
+        .expect("build");
+    let ids = enqueue(
+        &pool,
+        &[
+            job(mode("park_complete"), |r| r),
+            job(mode("park_fail"), |r| r),
+            job(mode("park_retry"), |r| r),
+            job(mode("wait_inline"), |r| r),
+        ],
+    )
+    .await;
+    client.start().await.expect("start");
+    for id in &ids[..3] {
+        wait_state(&pool, *id, JobState::WaitingExternal).await;
+    }
+    let token_of = |id: i64| tokens.lock().expect("lock").get(&id).cloned();
+    let inline = eventually("the in-handler wait's token", T, || async {
+        token_of(ids[3])
+    })
+    .await;
+    let specs = client.specs().clone();
+
+    let timeout_before = one_job(&pool, ids[0]).await.callback_timeout_at;
+    let beat = callbacks::heartbeat_callback(
+        &pool,
+        &token_of(ids[0]).expect("token"),
+        Duration::from_secs(3600),
+    )
+    .await
+    .expect("heartbeat");
+    assert!(beat.callback_timeout_at > timeout_before, "{beat:?}");
+    let done = callbacks::complete_external(&pool, &specs, &token_of(ids[0]).expect("token"), None)
+        .await
+        .expect("complete");
+    assert_eq!((done.id, done.state), (ids[0], JobState::Completed));
+    let failed =
+        callbacks::fail_external(&pool, &specs, &token_of(ids[1]).expect("token"), "declined")
+            .await
+            .expect("fail");
+    assert_eq!(failed.state, JobState::Failed);
+    assert_eq!(
+        failed.errors.last().map(|e| e.error.as_str()),
+        Some("declined")
+    );
+    let again = callbacks::retry_external(&pool, &token_of(ids[2]).expect("token"))
+        .await
+        .expect("retry");
+    assert_eq!(again.id, ids[2]);
+    wait_state(&pool, ids[2], JobState::Completed).await;
+    let running = callbacks::resume_external(&pool, &inline, Some(serde_json::json!({"ok": true})))
+        .await
+        .expect("resume");
+    assert_eq!(running.state, JobState::Running);
+    wait_state(&pool, ids[3], JobState::Completed).await;
+    assert_eq!(
+        resumed.lock().expect("lock").clone(),
+        vec![serde_json::json!({"ok": true})]
+    );
+    assert!(matches!(
+        callbacks::complete_external(&pool, &specs, &inline, None).await,
+        Err(awa_core::AwaError::CallbackNotFound(_))
+    ));
+    // Completed specs: the parked job's, the retried job's and the resumed one's; Exhausted:
+    // the failed job's.
+    let mut alerts: Vec<i64> = wait_all(&pool, "alert", 4, JobState::Available)
+        .await
+        .into_iter()
+        .map(|j| j.args["failed"].as_i64().unwrap_or(-1))
+        .collect();
+    alerts.sort_unstable();
+    assert_eq!(alerts, vec![0, 0, 0, 1]);
+    client.shutdown(T).await;
+}
+
+/// The handler of the callback scenario: registers a callback, reports its token, then parks
+/// (`WaitForCallback`) or, for `wait_inline`, waits in-process; a retried job completes.
+struct Caller {
+    tokens: Arc<Mutex<HashMap<i64, String>>>,
+    resumed: Arc<Mutex<Vec<serde_json::Value>>>,
+}
+
+impl awa_core::Worker for Caller {
+    fn kind(&self) -> String {
+        Mode::kind()
+    }
+
+    fn perform<'a>(
+        &'a self,
+        ctx: &'a awa_core::JobContext,
+    ) -> futures_util::future::BoxFuture<'a, awa_core::HandlerResult> {
+        Box::pin(async move {
+            if ctx.job().attempt > 1 {
+                return Ok(JobResult::Completed);
+            }
+            let token = ctx
+                .register_callback(Duration::from_secs(600))
+                .await
+                .map_err(JobError::retryable)?;
+            self.tokens
+                .lock()
+                .expect("lock")
+                .insert(ctx.job().id, token.0.clone());
+            let inline = ctx.job().args["mode"] == "wait_inline";
+            if !inline {
+                return Ok(JobResult::WaitForCallback(token));
+            }
+            let payload = ctx
+                .wait_for_callback(token)
+                .await
+                .map_err(JobError::terminal)?;
+            self.resumed.lock().expect("lock").push(payload);
+            Ok(JobResult::Completed)
+        })
+    }
+}
+
+/// Progress a handler records is kept across a retry (the next attempt starts from it), kept
+/// with a job that fails, and cleared by completion, as canonical keeps it.
+async fn progress_survives_retries_and_stays_with_a_failed_job(engine: &str) {
+    let (_db, pool) = setup(engine).await;
+    let seen: Arc<Mutex<Vec<Option<serde_json::Value>>>> = Arc::default();
+    let s = seen.clone();
+    let client = Client::builder(pool.clone())
+        .queue("default", QueueConfig::new(2))
+        .config(fast_config())
+        .register::<Mode, _, _>(move |args, ctx| {
+            let attempt = ctx.job().attempt;
+            s.lock().expect("lock").push(ctx.progress());
+            let set = ctx.set_progress(f64::from(attempt) * 10.0, Some(&args.mode));
+            async move {
+                set.map_err(JobError::terminal)?;
+                match (args.mode.as_str(), attempt) {
+                    ("retry_once", 1) => Err(JobError::retryable("again")),
+                    ("fail", _) => Err(JobError::terminal("no")),
+                    _ => Ok(JobResult::Completed),
+                }
+            }
+        })
+        .build()
+        .expect("build");
+    let ids = enqueue(
+        &pool,
+        &[job(mode("retry_once"), |r| r), job(mode("fail"), |r| r)],
+    )
+    .await;
+    client.start().await.expect("start");
+    let done = wait_state(&pool, ids[0], JobState::Completed).await;
+    assert_eq!(done.progress, None, "completion clears the progress");
+    let failed = wait_state(&pool, ids[1], JobState::Failed).await;
+    let kept = failed.progress.expect("a failed job keeps its progress");
+    assert_eq!(kept["percent"], serde_json::json!(10));
+    client.shutdown(T).await;
+    let seen = seen.lock().expect("lock").clone();
+    let second = seen
+        .iter()
+        .flatten()
+        .find(|p| p["message"] == "retry_once")
+        .expect("the retry saw the first attempt's progress");
+    assert_eq!(second["percent"], serde_json::json!(10));
 }

@@ -1054,15 +1054,15 @@ async fn progress_and_callbacks_live_in_the_lease() {
         .unwrap()
         .expect("an open attempt");
     assert!(!qs
-        .park(&db.pool, c[0].id, c[0].run_lease, &short)
+        .park(&db.pool, c[0].id, c[0].run_lease, &short, None)
         .await
         .unwrap());
     assert!(qs
-        .park(&db.pool, c[0].id, c[0].run_lease, &long)
+        .park(&db.pool, c[0].id, c[0].run_lease, &long, None)
         .await
         .unwrap());
     assert!(qs
-        .park(&db.pool, c[1].id, c[1].run_lease, &short)
+        .park(&db.pool, c[1].id, c[1].run_lease, &short, None)
         .await
         .unwrap());
     let view = qs.jobs(&db.pool).await.unwrap();
@@ -1099,7 +1099,7 @@ async fn cancel_ends_a_job_in_every_state_it_can_be_in() {
         .unwrap()
         .unwrap();
     assert!(qs
-        .park(&db.pool, c[1].id, c[1].run_lease, &cb)
+        .park(&db.pool, c[1].id, c[1].run_lease, &cb, None)
         .await
         .unwrap());
     qs.complete(&db.pool, &[c[2].id], &[c[2].run_lease])

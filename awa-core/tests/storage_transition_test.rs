@@ -271,3 +271,49 @@ async fn awa_jobs_is_a_view_of_every_job_on_either_engine() {
     assert_eq!(view_shape(&db).await, "canonical");
     assert_eq!(view_ids(&db).await, vec![(c, "available".to_string())]);
 }
+
+/// During a mixed transition a unique key a canonical job still holds is held for queue
+/// storage too: a duplicate is refused, and once the canonical job
+/// leaves its unique states the key is free on queue storage.
+#[tokio::test]
+async fn a_unique_key_held_on_canonical_is_held_on_queue_storage_during_a_mixed_transition() {
+    let db = TestDb::new().await;
+    let ops = &db.pool;
+    let unique = || {
+        let opts = InsertOpts {
+            unique: Some(awa_core::model::UniqueOpts::default()),
+            ..Default::default()
+        };
+        validate("keyed", json!({ "n": 1 }), &opts).expect("valid job")
+    };
+    let held = routing::insert_jobs(ops, &[unique()])
+        .await
+        .expect("canonical job")[0]
+        .id;
+    let qs = prepare_awa(ops).await;
+    fake_target(ops).await;
+    transition::step(ops, "enter_mixed_transition", None)
+        .await
+        .expect("mixed");
+    let p = producer(&db);
+    match routing::insert_jobs(&p, &[unique()]).await {
+        Err(AwaError::UniqueConflict { kind }) => assert_eq!(kind, "keyed"),
+        other => panic!("a duplicate of a canonical job's key went in: {other:?}"),
+    }
+    let job = unique();
+    assert!(
+        qs.enqueue_refs(ops, &[&job]).await.is_err(),
+        "the substrate's own enqueue refuses it too"
+    );
+    assert!(qs.jobs(ops).await.expect("jobs").is_empty());
+    routing::cancel(ops, held).await.expect("cancel the holder");
+    let rows = routing::insert_jobs(&p, &[unique()])
+        .await
+        .expect("key free");
+    assert_ne!(rows[0].id, held);
+    assert_eq!(
+        qs.jobs(ops).await.expect("jobs").len(),
+        1,
+        "on queue storage"
+    );
+}

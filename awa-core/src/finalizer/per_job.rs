@@ -216,8 +216,8 @@ async fn complete_with_follow_ups(
 /// (`qs_finalize`, `qs_park`), then the outcome's follow-ups — registered specs first, then,
 /// for `Completed` only, the staged ones in staging order — in the same transaction. The
 /// queues to wake after the commit are pushed to `woken`; a failed job of a queue with the DLQ
-/// enabled moves there in the same transaction. Not yet on this engine: the progress given
-/// with the outcome.
+/// enabled moves there in the same transaction. The progress given with the outcome is kept
+/// with a job that did not complete, as on canonical.
 async fn finalize_queue_storage(
     qs: &QueueStorage,
     conn: &mut PgConnection,
@@ -230,7 +230,13 @@ async fn finalize_queue_storage(
     let finish = match &fin.transition {
         Transition::WaitingExternal { callback_id } => {
             let parked = qs
-                .park(&mut *conn, job.id, job.run_lease, callback_id)
+                .park(
+                    &mut *conn,
+                    job.id,
+                    job.run_lease,
+                    callback_id,
+                    fin.progress.as_ref(),
+                )
                 .await?;
             return Ok(if parked {
                 Finalized::Applied
@@ -256,7 +262,13 @@ async fn finalize_queue_storage(
         },
     };
     if !qs
-        .finalize_in(&mut *conn, job.id, job.run_lease, &finish)
+        .finalize_in(
+            &mut *conn,
+            job.id,
+            job.run_lease,
+            &finish,
+            fin.progress.as_ref(),
+        )
         .await?
     {
         return Ok(Finalized::Stale);

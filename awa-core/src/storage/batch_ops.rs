@@ -790,19 +790,15 @@ pub(crate) async fn apply_chunk(
     // Lock the chunk first, in id order. Claimers skip locked rows, so they never wait on
     // this; a row a claimer holds is waited for and then re-checked, so a job that has just
     // started running is left alone.
-    let sql = format!(
-        "SELECT id FROM awa.canonical_jobs WHERE {FILTER_SQL} AND id > $8 AND id <= $9
-         ORDER BY id LIMIT $10 FOR UPDATE"
-    );
-    let ids: Vec<i64> = bind_filter(sqlx::query(&sql), filter)
-        .bind(cursor.after_job_id)
-        .bind(cursor.max_job_id)
-        .bind(chunk.max(1))
-        .fetch_all(&mut *conn)
-        .await?
-        .iter()
-        .map(|r| r.try_get::<i64, _>(0))
-        .collect::<std::result::Result<_, _>>()?;
+    let ids = chunk_ids(
+        conn,
+        "awa.canonical_jobs",
+        "FOR UPDATE",
+        filter,
+        cursor,
+        chunk,
+    )
+    .await?;
     let (queue, priority) = match spec {
         BatchSpec::SetPriority { priority } => (None, Some(*priority)),
         BatchSpec::MoveQueue { queue, priority } => (Some(queue.as_str()), *priority),
@@ -814,20 +810,8 @@ pub(crate) async fn apply_chunk(
     let (ids, qs_ids) = match &qs {
         None => (ids, Vec::new()),
         Some(qs) => {
-            let sql = format!(
-                "SELECT id FROM {}.qs_jobs WHERE {FILTER_SQL} AND id > $8 AND id <= $9
-                 ORDER BY id LIMIT $10",
-                qs.schema()
-            );
-            let theirs: Vec<i64> = bind_filter(sqlx::query(&sql), filter)
-                .bind(cursor.after_job_id)
-                .bind(cursor.max_job_id)
-                .bind(chunk.max(1))
-                .fetch_all(&mut *conn)
-                .await?
-                .iter()
-                .map(|r| r.try_get::<i64, _>(0))
-                .collect::<std::result::Result<_, _>>()?;
+            let source = format!("{}.qs_jobs", qs.schema());
+            let theirs = chunk_ids(conn, &source, "", filter, cursor, chunk).await?;
             split_chunk(ids, theirs, chunk.max(1))
         }
     };
@@ -884,6 +868,32 @@ pub(crate) async fn apply_chunk(
         changed,
         cursor: next,
     })
+}
+
+/// The next `chunk` ids of `source` (canonical's table, or a queue-storage schema's
+/// `qs_jobs`) that the operation covers after the cursor, in id order; `lock` is appended
+/// (`FOR UPDATE` on canonical's table).
+async fn chunk_ids(
+    conn: &mut PgConnection,
+    source: &str,
+    lock: &str,
+    filter: &BatchFilter,
+    cursor: Cursor,
+    chunk: i64,
+) -> Result<Vec<i64>> {
+    let sql = format!(
+        "SELECT id FROM {source} WHERE {FILTER_SQL} AND id > $8 AND id <= $9
+         ORDER BY id LIMIT $10 {lock}"
+    );
+    Ok(bind_filter(sqlx::query(&sql), filter)
+        .bind(cursor.after_job_id)
+        .bind(cursor.max_job_id)
+        .bind(chunk.max(1))
+        .fetch_all(&mut *conn)
+        .await?
+        .iter()
+        .map(|r| r.try_get::<i64, _>(0))
+        .collect::<std::result::Result<_, _>>()?)
 }
 
 /// The first `chunk` ids of two ascending id lists (canonical's and queue storage's), each

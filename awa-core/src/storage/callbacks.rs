@@ -4,6 +4,11 @@
 //! cleared whenever the job leaves that attempt, so resolving it is implicitly lease-checked.
 //! Every resolution publishes `awa:callback` so a handler waiting in `wait_for_callback` on any
 //! worker re-reads its row at once.
+//!
+//! Both engines: registration and in-handler waits go to the engine of the attempt's pool
+//! handle; a resolution from outside looks for the callback on canonical, then on the readable
+//! queue-storage schema (`callbacks.sql`: the attempt's lease holds what canonical keeps in the
+//! row), in one transaction.
 
 use crate::error::{AwaError, Result};
 use crate::executor::context::CallbackToken;
@@ -11,8 +16,11 @@ use crate::model::callback_rules::{self, CallbackRules, Decision, DefaultAction}
 use crate::model::job::JOB_COLUMNS;
 use crate::model::JobRow;
 use crate::specs::{SpecEvent, Specs};
+use crate::storage::engine::Engine;
 use crate::storage::insert::insert_follow_up_in_tx;
 use crate::storage::pool::Db;
+use crate::storage::queue_storage::QueueStorage;
+use crate::storage::routing::readable_queue_storage;
 use crate::storage::wake_queues;
 use sqlx::PgConnection;
 use std::time::Duration;
@@ -46,6 +54,16 @@ pub async fn register_callback_with(
     } else {
         Some(serde_json::to_value(rules)?)
     };
+    if let Engine::QueueStorage(qs) = pool.engine() {
+        let id = qs
+            .register_callback_with(pool, job_id, lease, timeout, rules_json.as_ref())
+            .await?;
+        return id.map(CallbackToken).ok_or_else(|| {
+            AwaError::State(format!(
+                "job {job_id} is no longer running under this attempt"
+            ))
+        });
+    }
     let id: Option<String> = sqlx::query_scalar(
         "WITH new AS (SELECT gen_random_uuid() AS id)
          UPDATE awa.canonical_jobs SET callback_id = new.id, callback_result = NULL,
@@ -130,7 +148,8 @@ pub async fn complete_external(
 ) -> Result<JobRow> {
     let id = parse_uuid_text(callback_id)?;
     let mut tx = pool.begin().await?;
-    let job = complete_in(&mut tx, specs, id, payload).await?;
+    let found = complete_in(&mut tx, specs, id, payload.clone()).await;
+    let job = or_queue_storage(&mut tx, specs, id, Action::Complete(payload), found).await?;
     tx.commit().await?;
     Ok(job)
 }
@@ -167,7 +186,8 @@ pub async fn fail_external(
 ) -> Result<JobRow> {
     let id = parse_uuid_text(callback_id)?;
     let mut tx = pool.begin().await?;
-    let job = fail_in(&mut tx, specs, id, error).await?;
+    let found = fail_in(&mut tx, specs, id, error).await;
+    let job = or_queue_storage(&mut tx, specs, id, Action::Fail(error), found).await?;
     tx.commit().await?;
     Ok(job)
 }
@@ -227,13 +247,37 @@ pub async fn resolve_callback(
     .bind(id)
     .fetch_optional(&mut *tx)
     .await?;
-    let Some(stored) = stored else {
-        return Err(AwaError::CallbackNotFound(id.to_string()));
+    // Not a canonical job's: a queue-storage attempt's, if one waits on it.
+    let (stored, canonical) = match stored {
+        Some(stored) => (stored, true),
+        None => {
+            let qs = readable_queue_storage(&mut *tx).await?;
+            let found = match &qs {
+                Some(qs) => qs.callback_rules(&mut tx, id).await?,
+                None => None,
+            };
+            match found {
+                Some((_, rules)) => (rules, false),
+                None => return Err(AwaError::CallbackNotFound(id.to_string())),
+            }
+        }
     };
     let rules: Option<CallbackRules> = stored.map(serde_json::from_value).transpose()?;
     let resolution = match callback_rules::decide(rules.as_ref(), payload.as_ref(), default) {
         Decision::Complete(result) => {
-            let job = complete_in(&mut tx, specs, id, result.clone()).await?;
+            let job = if canonical {
+                complete_in(&mut tx, specs, id, result.clone()).await?
+            } else {
+                let missing = Err(AwaError::CallbackNotFound(id.to_string()));
+                or_queue_storage(
+                    &mut tx,
+                    specs,
+                    id,
+                    Action::Complete(result.clone()),
+                    missing,
+                )
+                .await?
+            };
             Resolution {
                 outcome: "completed",
                 job: Some(job),
@@ -242,7 +286,12 @@ pub async fn resolve_callback(
             }
         }
         Decision::Fail(error) => {
-            let job = fail_in(&mut tx, specs, id, &error).await?;
+            let job = if canonical {
+                fail_in(&mut tx, specs, id, &error).await?
+            } else {
+                let missing = Err(AwaError::CallbackNotFound(id.to_string()));
+                or_queue_storage(&mut tx, specs, id, Action::Fail(&error), missing).await?
+            };
             Resolution {
                 outcome: "failed",
                 job: Some(job),
@@ -272,9 +321,19 @@ pub async fn retry_external(pool: &Db, callback_id: &str) -> Result<JobRow> {
          callback_id = NULL, callback_timeout_at = NULL, callback_result = NULL",
         Param2::None,
     )
-    .await?;
-    wake_queues(&mut *tx, std::slice::from_ref(&job.queue)).await?;
-    notify_callback(&mut tx, id).await?;
+    .await;
+    let job = match job {
+        Err(AwaError::CallbackNotFound(_)) => {
+            let specs = Specs::default();
+            or_queue_storage(&mut tx, &specs, id, Action::Retry, job).await?
+        }
+        other => {
+            let job = other?;
+            wake_queues(&mut *tx, std::slice::from_ref(&job.queue)).await?;
+            notify_callback(&mut tx, id).await?;
+            job
+        }
+    };
     tx.commit().await?;
     Ok(job)
 }
@@ -298,11 +357,21 @@ pub async fn resume_external(
          callback_id = NULL, callback_timeout_at = NULL, \
          state = CASE WHEN state = 'waiting_external' THEN 'available' ELSE state END, \
          run_at = CASE WHEN state = 'waiting_external' THEN now() ELSE run_at END, \
-         attempt = CASE WHEN state = 'waiting_external' THEN greatest(attempt - 1, 0) ELSE attempt END", Param2::Json(payload)).await?;
-    if job.state == crate::JobState::Available {
-        wake_queues(&mut *tx, std::slice::from_ref(&job.queue)).await?;
-    }
-    notify_callback(&mut tx, id).await?;
+         attempt = CASE WHEN state = 'waiting_external' THEN greatest(attempt - 1, 0) ELSE attempt END", Param2::Json(payload.clone())).await;
+    let job = match job {
+        Err(AwaError::CallbackNotFound(_)) => {
+            let specs = Specs::default();
+            or_queue_storage(&mut tx, &specs, id, Action::Resume(payload), job).await?
+        }
+        other => {
+            let job = other?;
+            if job.state == crate::JobState::Available {
+                wake_queues(&mut *tx, std::slice::from_ref(&job.queue)).await?;
+            }
+            notify_callback(&mut tx, id).await?;
+            job
+        }
+    };
     tx.commit().await?;
     Ok(job)
 }
@@ -319,8 +388,78 @@ pub async fn heartbeat_callback(pool: &Db, callback_id: &str, timeout: Duration)
         "callback_timeout_at = now() + make_interval(secs => $2)",
         Param2::Float(timeout.as_secs_f64()),
     )
-    .await?;
+    .await;
+    let specs = Specs::default();
+    let job = or_queue_storage(&mut tx, &specs, id, Action::Heartbeat(timeout), job).await?;
     tx.commit().await?;
+    Ok(job)
+}
+
+/// A resolution of an external callback, on queue storage (`qs_resolve_callback`).
+enum Action<'a> {
+    Complete(Option<serde_json::Value>),
+    Fail(&'a str),
+    Retry,
+    Resume(Option<serde_json::Value>),
+    Heartbeat(Duration),
+}
+
+/// `canonical`, the result of resolving callback `id` on canonical; when no canonical job
+/// waits on it, the same resolution on the readable queue-storage schema (in the same
+/// transaction), with what canonical's does around it: registered specs' follow-ups
+/// (`Completed` on completion, `Exhausted` on failure), the DLQ where the queue enables it,
+/// the queue's wake-up and `awa:callback`. Neither engine: [`AwaError::CallbackNotFound`].
+async fn or_queue_storage(
+    tx: &mut PgConnection,
+    specs: &Specs,
+    id: &str,
+    action: Action<'_>,
+    canonical: Result<JobRow>,
+) -> Result<JobRow> {
+    match canonical {
+        Err(AwaError::CallbackNotFound(_)) => {}
+        other => return other,
+    }
+    let not_found = || AwaError::CallbackNotFound(id.to_string());
+    let Some(qs) = readable_queue_storage(&mut *tx).await? else {
+        return Err(not_found());
+    };
+    let (name, payload, error, timeout) = match &action {
+        Action::Complete(p) => ("complete", p.as_ref(), None, None),
+        Action::Fail(e) => ("fail", None, Some(*e), None),
+        Action::Retry => ("retry", None, None, None),
+        Action::Resume(p) => ("resume", p.as_ref(), None, None),
+        Action::Heartbeat(t) => ("heartbeat", None, None, Some(*t)),
+    };
+    let Some((job_id, wake)) = qs
+        .resolve_callback(&mut *tx, id, name, payload, error, timeout)
+        .await?
+    else {
+        return Err(not_found());
+    };
+    let job = qs.job(&mut *tx, job_id).await?;
+    let event = match &action {
+        Action::Complete(_) => Some(SpecEvent::Completed),
+        Action::Fail(_) => Some(SpecEvent::Exhausted),
+        _ => None,
+    };
+    if let Some(event) = event {
+        let follow_ups = specs.follow_ups(&job, event)?;
+        if !follow_ups.is_empty() {
+            let refs: Vec<&crate::model::NewJob> = follow_ups.iter().collect();
+            qs.enqueue_follow_ups(&mut *tx, &refs).await?;
+        }
+    }
+    if let Action::Fail(error) = &action {
+        qs.move_to_dlq(&mut *tx, &[job_id], Some(error), true)
+            .await?;
+    }
+    if let Some(queue) = wake {
+        wake_queues(&mut *tx, std::slice::from_ref(&queue)).await?;
+    }
+    if !matches!(action, Action::Heartbeat(_)) {
+        notify_callback(&mut *tx, id).await?;
+    }
     Ok(job)
 }
 
@@ -349,6 +488,9 @@ pub(crate) async fn poll_wait(
     lease: i64,
     token: &str,
 ) -> Result<WaitState> {
+    if let Engine::QueueStorage(qs) = pool.engine() {
+        return poll_wait_queue_storage(pool, qs, job_id, lease, token).await;
+    }
     let taken: Option<serde_json::Value> = sqlx::query_scalar(
         "UPDATE awa.canonical_jobs j SET callback_result = NULL,
              metadata = j.metadata - '_awa_callback_result'
@@ -387,4 +529,38 @@ pub(crate) async fn poll_wait(
         Some((_, _, _, true, _)) => WaitState::Gone("the callback timed out".into()),
         Some(_) => WaitState::Pending,
     })
+}
+
+/// [`poll_wait`] on queue storage: the attempt's lease holds the delivered payload.
+async fn poll_wait_queue_storage(
+    pool: &Db,
+    qs: &QueueStorage,
+    job_id: i64,
+    lease: i64,
+    token: &str,
+) -> Result<WaitState> {
+    if let Some(payload) = qs.take_callback_result(pool, job_id, lease, token).await? {
+        return Ok(WaitState::Resumed(payload));
+    }
+    Ok(
+        match qs.callback_wait_state(pool, job_id, lease, token).await? {
+            None => match qs.job(pool, job_id).await {
+                Ok(job) => WaitState::Gone(format!(
+                    "the job was finalized elsewhere (state {})",
+                    job.state
+                )),
+                Err(AwaError::JobNotFound(_)) => WaitState::Gone("the job no longer exists".into()),
+                Err(e) => return Err(e),
+            },
+            Some((true, _, _, _)) => {
+                WaitState::Gone("the job was finalized elsewhere (state waiting_external)".into())
+            }
+            Some((_, _, _, true)) => WaitState::Ready,
+            Some((_, cb, _, _)) if cb.as_deref() != Some(token) => {
+                WaitState::Gone("the callback is no longer registered for this attempt".into())
+            }
+            Some((_, _, true, _)) => WaitState::Gone("the callback timed out".into()),
+            Some(_) => WaitState::Pending,
+        },
+    )
 }

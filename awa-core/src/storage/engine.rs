@@ -20,7 +20,8 @@
 //! (`storage::routing`), the DLQ (the finalizer's and rescue's moves). Operator actions on
 //! jobs of either engine are `storage::routing`'s and `storage::dlq`'s. Rescue fires registered specs'
 //! follow-ups. Batch operations change both engines' jobs
-//! (`storage::batch_ops`). Not yet: callbacks' resolution.
+//! (`storage::batch_ops`); external callbacks resolve on either (`storage::callbacks`,
+//! the lease holding what canonical keeps in the row).
 
 use crate::error::Result;
 use crate::model::{JobRow, NewJob};

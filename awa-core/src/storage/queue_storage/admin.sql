@@ -55,11 +55,11 @@ BEGIN
         PERFORM {s}.qs_take_key(d.unique_key, d.id, d.unique_states, 'available');
         INSERT INTO {s}.ready_entries (slot, generation, queue, priority, id, kind, args,
             attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
-            unique_key, unique_states, ordering_key)
+            unique_key, unique_states, ordering_key, progress)
         VALUES (cur.slot, cur.generation, d.queue, d.priority, d.id, d.kind, d.args, d.attempt,
                 greatest(d.max_attempts, least(d.attempt + 1, 1000)), d.run_lease, now(),
                 d.created_at, d.metadata, d.tags, d.errors, d.unique_key, d.unique_states,
-                d.ordering_key);
+                d.ordering_key, d.progress);
         PERFORM pg_notify(awa.queue_channel(d.queue), '');
         RETURN 'retried';
     END IF;
@@ -76,12 +76,12 @@ BEGIN
             -- A finished attempt counts: attempt and run lease as `qs_jobs` showed them.
             INSERT INTO {s}.ready_entries (slot, generation, queue, priority, id, kind, args,
                 attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
-                unique_key, unique_states, ordering_key)
+                unique_key, unique_states, ordering_key, progress)
             VALUES (cur.slot, cur.generation, e.queue, e.priority, e.id, e.kind, e.args,
                     e.attempt + done.ran::int,
                     greatest(e.max_attempts, least(e.attempt + done.ran::int + 1, 1000)),
                     e.run_lease + done.ran::int, now(), e.created_at, e.metadata, e.tags, done.errors,
-                    e.unique_key, e.unique_states, e.ordering_key);
+                    e.unique_key, e.unique_states, e.ordering_key, done.progress);
             PERFORM pg_notify(awa.queue_channel(e.queue), '');
             RETURN 'retried';
         END IF;
@@ -151,13 +151,13 @@ BEGIN
         INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
         VALUES (e.slot, e.queue, e.priority, e.seq);
         INSERT INTO {s}.leases (lease_slot, id, run_lease, queue, priority, slot, generation, seq,
-                                attempt, heartbeat_at, deadline_at, attempted_at)
+                                attempt, heartbeat_at, deadline_at, attempted_at, progress)
         VALUES (lslot, e.id, e.run_lease + 1, e.queue, e.priority, e.slot, e.generation, e.seq,
-                e.attempt + 1, t0, t0 + p_deadline, t0);
+                e.attempt + 1, t0, t0 + p_deadline, t0, e.progress);
         RETURN QUERY SELECT e.id, e.kind, e.queue, e.args, 'running'::text, e.priority,
             e.attempt + 1, e.max_attempts, e.run_at, t0, t0 + p_deadline, t0,
             NULL::timestamptz, e.created_at, e.errors, e.metadata, e.tags, e.unique_key,
-            e.unique_states, NULL::text, NULL::timestamptz, e.run_lease + 1, NULL::jsonb,
+            e.unique_states, NULL::text, NULL::timestamptz, e.run_lease + 1, e.progress,
             e.ordering_key;
         RETURN;
     END LOOP;
@@ -177,7 +177,7 @@ RETURNS SETOF bigint LANGUAGE sql AS $$
                    SELECT 1 FROM awa.queue_meta m WHERE m.queue = y.queue AND m.dlq_enabled))
         RETURNING y.id, y.kind, y.queue, y.args, y.priority, y.attempt + z.ran::int AS attempt,
                   y.max_attempts, y.created_at, y.run_at, z.finalized_at, z.errors, y.metadata,
-                  y.tags, y.ordering_key, y.run_lease + z.ran::int AS run_lease
+                  y.tags, y.ordering_key, y.run_lease + z.ran::int AS run_lease, z.progress
     ), keys AS (
         DELETE FROM {s}.unique_keys u USING gone g WHERE u.id = g.id
     ), moved AS (
@@ -186,7 +186,7 @@ RETURNS SETOF bigint LANGUAGE sql AS $$
                                   ordering_key, progress, reason, original_run_lease)
         SELECT g.id, g.kind, g.queue, g.args, g.priority, g.attempt, g.max_attempts,
                g.created_at, g.run_at, g.finalized_at, g.errors, g.metadata, g.tags,
-               g.ordering_key, NULL,
+               g.ordering_key, g.progress,
                coalesce(p_reason, g.errors -> -1 ->> 'error', 'failed'), g.run_lease
         FROM gone g
         RETURNING id
@@ -218,19 +218,19 @@ BEGIN
     ), ready AS (
         INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
             attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
-            unique_key, unique_states, ordering_key)
+            unique_key, unique_states, ordering_key, progress)
         SELECT cur.slot, cur.generation, x.to_queue, x.to_priority, nextval('{s}.qs_seq'), x.id,
                x.kind, x.args, 0, x.max_attempts, x.original_run_lease, x.to_run_at,
-               x.created_at, x.metadata, x.tags, x.errors, NULL, NULL, x.ordering_key
+               x.created_at, x.metadata, x.tags, x.errors, NULL, NULL, x.ordering_key, x.progress
         FROM (SELECT * FROM x WHERE x.to_run_at <= now() ORDER BY x.id) x
         RETURNING queue
     ), later AS (
         INSERT INTO {s}.deferred_jobs (id, state, queue, priority, kind, args, attempt,
             max_attempts, run_lease, run_at, created_at, metadata, tags, errors, unique_key,
-            unique_states, ordering_key)
+            unique_states, ordering_key, progress)
         SELECT x.id, 'scheduled', x.to_queue, x.to_priority, x.kind, x.args, 0, x.max_attempts,
                x.original_run_lease, x.to_run_at, x.created_at, x.metadata, x.tags, x.errors,
-               NULL, NULL, x.ordering_key
+               NULL, NULL, x.ordering_key, x.progress
         FROM x WHERE x.to_run_at > now()
     )
     SELECT coalesce((SELECT array_agg(x.id ORDER BY x.id) FROM x), '{}'),
@@ -281,11 +281,11 @@ BEGIN
         VALUES (e.slot, e.queue, e.priority, e.seq);
         INSERT INTO {s}.ready_entries (slot, generation, queue, priority, id, kind, args,
             attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
-            unique_key, unique_states, ordering_key)
+            unique_key, unique_states, ordering_key, progress)
         VALUES (cur.slot, cur.generation, coalesce(p_queue, e.queue),
                 coalesce(p_priority, e.priority), e.id, e.kind, e.args, e.attempt,
                 e.max_attempts, e.run_lease, e.run_at, e.created_at, e.metadata, e.tags,
-                e.errors, e.unique_key, e.unique_states, e.ordering_key);
+                e.errors, e.unique_key, e.unique_states, e.ordering_key, e.progress);
         id := e.id;
         queue := coalesce(p_queue, e.queue);
         state := 'available';

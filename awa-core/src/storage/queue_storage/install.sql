@@ -52,7 +52,10 @@ CREATE TABLE {s}.ready_entries (
     errors       jsonb       NOT NULL,
     unique_key   bytea,
     unique_states smallint,
-    ordering_key text
+    ordering_key text,
+    -- The progress the job's earlier attempts left (kept across retries, as canonical keeps
+    -- it); NULL for a new job.
+    progress     jsonb
 ) PARTITION BY LIST (slot);
 
 -- What claims consumed: one narrow row per claimed entry. (Not ranges: a range between two
@@ -95,7 +98,11 @@ CREATE TABLE {s}.leases (
     callback_id  uuid,
     callback_timeout_at timestamptz,
     waiting      boolean     NOT NULL DEFAULT false,
-    cancel_requested_at timestamptz
+    cancel_requested_at timestamptz,
+    -- A callback's CEL rules, and a payload delivered to a handler waiting in-process
+    -- (callbacks.sql).
+    callback_rules  jsonb,
+    callback_result jsonb
 ) PARTITION BY LIST (lease_slot);
 
 -- Completions: one narrow row per batched completion statement and queue slot.
@@ -115,7 +122,8 @@ CREATE TABLE {s}.done_entries (
     state        text        NOT NULL,
     errors       jsonb       NOT NULL,
     finalized_at timestamptz NOT NULL,
-    ran          boolean     NOT NULL DEFAULT true
+    ran          boolean     NOT NULL DEFAULT true,
+    progress     jsonb
 ) PARTITION BY LIST (slot);
 
 -- Scheduled, retryable and snoozed jobs: whole rows, few at a time.
@@ -136,7 +144,8 @@ CREATE TABLE {s}.deferred_jobs (
     errors       jsonb       NOT NULL,
     unique_key   bytea,
     unique_states smallint,
-    ordering_key text
+    ordering_key text,
+    progress     jsonb
 );
 CREATE INDEX ON {s}.deferred_jobs (run_at);
 
@@ -209,6 +218,25 @@ BEGIN
         WHERE t.uk IS NOT NULL
           AND (t.us & awa.state_bit(CASE WHEN t.ra IS NULL OR t.ra <= now() THEN 'available'
                                          ELSE 'scheduled' END)) <> 0;
+        -- A key a canonical job still holds (a mixed transition: its jobs drain while new ones
+        -- come here) is held for this engine too: one probe of canonical's unique index each.
+        FOR r IN SELECT k.ord FROM unnest(v_ords, v_uks) AS k(ord, uk)
+                 WHERE EXISTS (SELECT 1 FROM awa.canonical_jobs c
+                               WHERE c.unique_key = k.uk
+                                 AND (c.unique_states & awa.state_bit(c.state)) <> 0)
+                 ORDER BY k.ord
+        LOOP
+            IF NOT p_skip_held THEN
+                RAISE EXCEPTION 'duplicate key value violates unique constraint "idx_awa_jobs_unique"'
+                    USING ERRCODE = 'unique_violation', CONSTRAINT = 'idx_awa_jobs_unique';
+            END IF;
+            v_keep[r.ord] := false;
+        END LOOP;
+        SELECT coalesce(array_agg(k.ord ORDER BY k.ord), '{}'),
+               coalesce(array_agg(k.uk ORDER BY k.ord), '{}'),
+               coalesce(array_agg(k.us ORDER BY k.ord), '{}')
+        INTO v_ords, v_uks, v_uss
+        FROM unnest(v_ords, v_uks, v_uss) AS k(ord, uk, us) WHERE v_keep[k.ord];
         WITH won AS (
             INSERT INTO {s}.unique_keys (unique_key, id, unique_states)
             SELECT k.uk, v_ids[k.ord], k.us
@@ -341,15 +369,15 @@ BEGIN
         SELECT p.slot, p_queue, p_priority, p.seq FROM picked p
     ), leased AS (
         INSERT INTO {s}.leases (lease_slot, id, run_lease, queue, priority, slot, generation, seq,
-                                attempt, heartbeat_at, deadline_at, attempted_at)
+                                attempt, heartbeat_at, deadline_at, attempted_at, progress)
         SELECT lslot, p.id, p.next_lease, p_queue, p_priority, p.slot, p.generation, p.seq,
-               p.next_attempt, p.t0, p.t0 + p_deadline, p.t0
+               p.next_attempt, p.t0, p.t0 + p_deadline, p.t0, p.progress
         FROM picked p
     )
     SELECT p.id, p.kind, p.queue, p.args, 'running'::text, p.priority, p.next_attempt,
            p.max_attempts, p.run_at, p.t0, p.t0 + p_deadline, p.t0, NULL::timestamptz,
            p.created_at, p.errors, p.metadata, p.tags, p.unique_key, p.unique_states,
-           NULL::text, NULL::timestamptz, p.next_lease, NULL::jsonb, p.ordering_key
+           NULL::text, NULL::timestamptz, p.next_lease, p.progress, p.ordering_key
     FROM picked p ORDER BY p.seq;
 
     -- The cursor: the lowest unclaimed committed seq at or above it, capped at the stable point
@@ -480,11 +508,11 @@ BEGIN
     ), again AS (
         INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
             attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
-            unique_key, unique_states, ordering_key)
+            unique_key, unique_states, ordering_key, progress)
         SELECT cur.slot, cur.generation, e.queue, e.priority, nextval('{s}.qs_seq'), e.id, e.kind,
                e.args, greatest(g.attempt - 1, 0), e.max_attempts, g.run_lease, e.run_at,
                e.created_at, e.metadata, e.tags, e.errors, e.unique_key, e.unique_states,
-               e.ordering_key
+               e.ordering_key, g.progress
         FROM gone g JOIN {s}.ready_entries e
           ON e.slot = g.slot AND e.queue = g.queue AND e.priority = g.priority AND e.seq = g.seq
         ORDER BY g.id
@@ -502,12 +530,14 @@ END $$;
 -- (deferred as scheduled to p_run_at without burning the attempt). The lease delete is the
 -- guard: false, and nothing written, when the attempt's lease is gone.
 CREATE FUNCTION {s}.qs_finalize(p_id bigint, p_lease bigint, p_outcome text,
-                                p_run_at timestamptz DEFAULT NULL, p_error jsonb DEFAULT NULL)
+                                p_run_at timestamptz DEFAULT NULL, p_error jsonb DEFAULT NULL,
+                                p_progress jsonb DEFAULT NULL)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     l {s}.leases;
     e {s}.ready_entries;
     errs jsonb;
+    prog jsonb;
 BEGIN
     IF p_outcome NOT IN ('completed', 'failed', 'cancelled', 'retryable', 'snoozed') THEN
         RAISE EXCEPTION 'unknown outcome %', p_outcome USING ERRCODE = '22023';
@@ -527,18 +557,20 @@ BEGIN
     SELECT * INTO e FROM {s}.ready_entries x
     WHERE x.slot = l.slot AND x.queue = l.queue AND x.priority = l.priority AND x.seq = l.seq;
     errs := e.errors || CASE WHEN p_error IS NULL THEN '[]'::jsonb ELSE jsonb_build_array(p_error) END;
+    -- The progress given with the outcome, else the attempt's last (kept, as canonical keeps it).
+    prog := coalesce(p_progress, l.progress);
     IF p_outcome IN ('failed', 'cancelled') THEN
-        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at)
-        VALUES (l.slot, l.generation, l.seq, p_outcome, errs, now());
+        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, progress)
+        VALUES (l.slot, l.generation, l.seq, p_outcome, errs, now(), prog);
     ELSE
         INSERT INTO {s}.deferred_jobs (id, state, queue, priority, kind, args, attempt,
             max_attempts, run_lease, run_at, created_at, metadata, tags, errors, unique_key,
-            unique_states, ordering_key)
+            unique_states, ordering_key, progress)
         VALUES (e.id, CASE p_outcome WHEN 'retryable' THEN 'retryable' ELSE 'scheduled' END,
                 e.queue, e.priority, e.kind, e.args,
                 CASE p_outcome WHEN 'snoozed' THEN greatest(l.attempt - 1, 0) ELSE l.attempt END,
                 e.max_attempts, l.run_lease, p_run_at, e.created_at, e.metadata, e.tags, errs,
-                e.unique_key, e.unique_states, e.ordering_key);
+                e.unique_key, e.unique_states, e.ordering_key, prog);
     END IF;
     RETURN true;
 END $$;
@@ -566,10 +598,11 @@ $$;
 -- Park an attempt that returned "wait for the callback" (canonical's waiting_external): its
 -- lease stays, no longer heartbeated, until the callback resolves or times out. False when the
 -- lease is gone or the callback is not this attempt's.
-CREATE FUNCTION {s}.qs_park(p_id bigint, p_lease bigint, p_callback_id text)
+CREATE FUNCTION {s}.qs_park(p_id bigint, p_lease bigint, p_callback_id text,
+                            p_progress jsonb DEFAULT NULL)
 RETURNS boolean LANGUAGE sql AS $$
     WITH u AS (
-        UPDATE {s}.leases l SET waiting = true
+        UPDATE {s}.leases l SET waiting = true, progress = coalesce(p_progress, l.progress)
         WHERE l.id = p_id AND l.run_lease = p_lease AND l.callback_id::text = p_callback_id
         RETURNING 1
     )
@@ -594,10 +627,10 @@ BEGIN
     -- Parked on a callback: the lease goes, the attempt is cancelled.
     DELETE FROM {s}.leases x WHERE x.id = p_id AND x.waiting RETURNING x.* INTO l;
     IF FOUND THEN
-        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at)
+        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, progress)
         SELECT l.slot, l.generation, l.seq, 'cancelled',
                y.errors || jsonb_build_array(reason || jsonb_build_object('attempt', l.attempt)),
-               now()
+               now(), l.progress
         FROM {s}.ready_entries y
         WHERE y.slot = l.slot AND y.queue = l.queue AND y.priority = l.priority AND y.seq = l.seq;
         RETURN 'cancelled';
@@ -618,19 +651,20 @@ BEGIN
         WITH ins AS (
             INSERT INTO {s}.ready_entries (slot, generation, queue, priority, id, kind, args,
                 attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
-                unique_key, unique_states, ordering_key)
+                unique_key, unique_states, ordering_key, progress)
             VALUES (cur.slot, cur.generation, d.queue, d.priority, d.id, d.kind, d.args,
                     d.attempt, d.max_attempts, d.run_lease, d.run_at, d.created_at, d.metadata,
-                    d.tags, d.errors, d.unique_key, d.unique_states, d.ordering_key)
-            RETURNING slot, generation, queue, priority, seq, attempt, errors
+                    d.tags, d.errors, d.unique_key, d.unique_states, d.ordering_key, d.progress)
+            RETURNING slot, generation, queue, priority, seq, attempt, errors, progress
         ), consumed AS (
             INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
             SELECT i.slot, i.queue, i.priority, i.seq FROM ins i
         )
-        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, ran)
+        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, ran,
+                                      progress)
         SELECT i.slot, i.generation, i.seq, 'cancelled',
                i.errors || jsonb_build_array(reason || jsonb_build_object('attempt', i.attempt)),
-               now(), false
+               now(), false, i.progress
         FROM ins i;
         RETURN 'cancelled';
     END IF;
@@ -649,10 +683,11 @@ BEGIN
         IF FOUND THEN
             INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
             VALUES (e.slot, e.queue, e.priority, e.seq);
-            INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, ran)
+            INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, ran,
+                                          progress)
             VALUES (e.slot, e.generation, e.seq, 'cancelled',
                     e.errors || jsonb_build_array(reason || jsonb_build_object('attempt', e.attempt)),
-                    now(), false);
+                    now(), false, e.progress);
             RETURN 'cancelled';
         END IF;
     END IF;
@@ -686,7 +721,7 @@ RETURNS SETOF bigint LANGUAGE sql AS $$
         WHERE (NOT l.waiting AND (l.heartbeat_at < now() - p_stale OR l.deadline_at < now()))
            OR l.callback_timeout_at < now()
         RETURNING l.id, l.run_lease, l.slot, l.generation, l.seq, l.attempt, l.queue, l.priority,
-                  l.cancel_requested_at IS NOT NULL AS cancel,
+                  l.progress, l.cancel_requested_at IS NOT NULL AS cancel,
                   CASE WHEN l.callback_timeout_at < now() THEN 'rescued: callback timed out'
                        WHEN l.deadline_at < now() THEN 'rescued: deadline passed'
                        ELSE 'rescued: heartbeat stale' END AS reason
@@ -700,16 +735,16 @@ RETURNS SETOF bigint LANGUAGE sql AS $$
     ), retry AS (
         INSERT INTO {s}.deferred_jobs (id, state, queue, priority, kind, args, attempt,
             max_attempts, run_lease, run_at, created_at, metadata, tags, errors, unique_key,
-            unique_states, ordering_key)
+            unique_states, ordering_key, progress)
         SELECT r.id, 'retryable', r.queue, r.priority, r.kind, r.args, r.attempt, r.max_attempts,
                r.run_lease, now(), r.created_at, r.metadata, r.tags, r.errors, r.unique_key,
-               r.unique_states, r.ordering_key
+               r.unique_states, r.ordering_key, r.progress
         FROM rows r WHERE r.attempt < r.max_attempts AND NOT r.cancel
     ), dead AS (
         -- Out of attempts: failed; a cancel was requested while it ran: cancelled.
-        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at)
+        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, progress)
         SELECT r.slot, r.generation, r.seq, CASE WHEN r.cancel THEN 'cancelled' ELSE 'failed' END,
-               r.errors, now()
+               r.errors, now(), r.progress
         FROM rows r WHERE r.attempt >= r.max_attempts OR r.cancel
     )
     SELECT r.id FROM rows r
@@ -730,10 +765,10 @@ BEGIN
     ), ins AS (
         INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
             attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
-            unique_key, unique_states, ordering_key)
+            unique_key, unique_states, ordering_key, progress)
         SELECT cur.slot, cur.generation, d.queue, d.priority, nextval('{s}.qs_seq'), d.id, d.kind,
                d.args, d.attempt, d.max_attempts, d.run_lease, d.run_at, d.created_at, d.metadata,
-               d.tags, d.errors, d.unique_key, d.unique_states, d.ordering_key
+               d.tags, d.errors, d.unique_key, d.unique_states, d.ordering_key, d.progress
         FROM (SELECT * FROM due ORDER BY priority, run_at, id) d
         RETURNING queue
     ), woken AS (
@@ -833,10 +868,10 @@ BEGIN
     EXECUTE format($f$
         INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
             attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
-            unique_key, unique_states, ordering_key)
+            unique_key, unique_states, ordering_key, progress)
         SELECT $1, $2, e.queue, e.priority, nextval('{s}.qs_seq'), e.id, e.kind, e.args,
                e.attempt, e.max_attempts, e.run_lease, e.run_at, e.created_at, e.metadata, e.tags,
-               e.errors, e.unique_key, e.unique_states, e.ordering_key
+               e.errors, e.unique_key, e.unique_states, e.ordering_key, e.progress
         FROM (SELECT * FROM {s}.ready_entries_%1$s o
               WHERE NOT EXISTS (SELECT 1 FROM {s}.claimed_entries_%1$s c
                                 WHERE c.queue = o.queue AND c.priority = o.priority AND c.seq = o.seq)
@@ -855,10 +890,10 @@ BEGIN
         ), copy AS (
             INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
                 attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
-                unique_key, unique_states, ordering_key)
+                unique_key, unique_states, ordering_key, progress)
             SELECT $1, $2, v.queue, v.priority, v.nseq, v.id, v.kind, v.args, v.attempt,
                    v.max_attempts, v.run_lease, v.run_at, v.created_at, v.metadata, v.tags,
-                   v.errors, v.unique_key, v.unique_states, v.ordering_key
+                   v.errors, v.unique_key, v.unique_states, v.ordering_key, v.progress
             FROM live v
         ), mark AS (
             INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
@@ -942,7 +977,7 @@ CREATE VIEW {s}.qs_jobs AS
            NULL::timestamptz AS deadline_at, NULL::timestamptz AS attempted_at,
            NULL::timestamptz AS finalized_at, e.created_at, e.errors, e.metadata, e.tags,
            e.unique_key, e.unique_states, NULL::text AS callback_id,
-           NULL::timestamptz AS callback_timeout_at, e.run_lease, NULL::jsonb AS progress,
+           NULL::timestamptz AS callback_timeout_at, e.run_lease, e.progress,
            e.ordering_key
     FROM {s}.ready_entries e
     WHERE NOT EXISTS (SELECT 1 FROM {s}.claimed_entries c
@@ -952,7 +987,12 @@ CREATE VIEW {s}.qs_jobs AS
     SELECT e.id, e.kind, e.queue, e.args,
            CASE WHEN l.waiting THEN 'waiting_external' ELSE 'running' END,
            e.priority, l.attempt, e.max_attempts, e.run_at, l.heartbeat_at, l.deadline_at,
-           l.attempted_at, NULL, e.created_at, e.errors, e.metadata, e.tags, e.unique_key,
+           l.attempted_at, NULL, e.created_at, e.errors,
+           -- A payload delivered to a handler waiting in-process shows as canonical shows it.
+           CASE WHEN l.callback_result IS NULL THEN e.metadata
+                ELSE e.metadata || jsonb_build_object('_awa_callback_result',
+                                                      l.callback_result->'payload') END,
+           e.tags, e.unique_key,
            e.unique_states, l.callback_id::text, l.callback_timeout_at, l.run_lease, l.progress,
            e.ordering_key
     FROM {s}.leases l
@@ -970,13 +1010,13 @@ CREATE VIEW {s}.qs_jobs AS
     SELECT e.id, e.kind, e.queue, e.args, d.state, e.priority, e.attempt + d.ran::int,
            e.max_attempts, e.run_at, NULL, NULL, NULL, d.finalized_at, e.created_at, d.errors,
            e.metadata, e.tags, e.unique_key, e.unique_states, NULL, NULL,
-           e.run_lease + d.ran::int, NULL, e.ordering_key
+           e.run_lease + d.ran::int, d.progress, e.ordering_key
     FROM {s}.done_entries d
     JOIN {s}.ready_entries e ON e.slot = d.slot AND e.seq = d.seq
     UNION ALL
     SELECT d.id, d.kind, d.queue, d.args, d.state, d.priority, d.attempt, d.max_attempts,
            d.run_at, NULL, NULL, NULL, NULL, d.created_at, d.errors, d.metadata, d.tags,
-           d.unique_key, d.unique_states, NULL, NULL, d.run_lease, NULL, d.ordering_key
+           d.unique_key, d.unique_states, NULL, NULL, d.run_lease, d.progress, d.ordering_key
     FROM {s}.deferred_jobs d;
 
 -- Whether job p_id is now in a state of the mask p_mask (its unique key still held).

@@ -22,9 +22,10 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 const INSTALL_SQL: &str = include_str!("install.sql");
-/// Operator actions and the test harness's claim, replaced at every install call (so a
-/// substrate installed before one of them existed gets it).
-const ADMIN_SQL: &str = include_str!("admin.sql");
+/// Operator actions and the test harness's claim, and external callbacks' resolution:
+/// replaced at every install call (so a substrate installed before one of them existed gets
+/// it).
+const REPLACED_SQL: [&str; 2] = [include_str!("admin.sql"), include_str!("callbacks.sql")];
 
 /// Slot counts a ring may have (awa-pg's defaults, 16 and 8, are inside).
 const SLOT_RANGE: std::ops::RangeInclusive<u32> = 2..=256;
@@ -149,7 +150,7 @@ impl QueueStorage {
         let replaced = prefix.replacen("CREATE ", "CREATE OR REPLACE ", 1);
         INSTALL_SQL
             .lines()
-            .chain(ADMIN_SQL.lines())
+            .chain(REPLACED_SQL.iter().flat_map(|script| script.lines()))
             .filter_map(move |line| {
                 line.strip_prefix(prefix)
                     .or_else(|| line.strip_prefix(replaced.as_str()))
@@ -195,8 +196,10 @@ impl QueueStorage {
             // for every lifetime, which a spawned caller needs).
             sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
         }
-        let admin = ADMIN_SQL.replace("{s}", &self.schema);
-        sqlx::Executor::execute(&mut *conn, admin.as_str()).await?;
+        for script in REPLACED_SQL {
+            let sql = script.replace("{s}", &self.schema);
+            sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
+        }
         Ok(())
     }
 
@@ -498,26 +501,34 @@ impl QueueStorage {
         run_lease: i64,
         finish: &Finish,
     ) -> Result<bool> {
-        self.finalize_in(pool.pool(), id, run_lease, finish).await
+        self.finalize_in(pool.pool(), id, run_lease, finish, None)
+            .await
     }
 
     /// [`QueueStorage::finalize`] through any executor (the runtime's per-job transaction,
-    /// which inserts the outcome's follow-ups with it).
+    /// which inserts the outcome's follow-ups with it), storing `progress` (the handler's
+    /// last, given with the outcome) with a job that is not completed; `None` keeps the
+    /// attempt's last heartbeated progress, as canonical's finalizer does.
     pub async fn finalize_in<'e, E: sqlx::PgExecutor<'e>>(
         &self,
         executor: E,
         id: i64,
         run_lease: i64,
         finish: &Finish,
+        progress: Option<&Value>,
     ) -> Result<bool> {
         let (outcome, run_at, error) = finish.parts();
-        let sql = format!("SELECT {}($1, $2, $3, $4, $5)", self.name("qs_finalize"));
+        let sql = format!(
+            "SELECT {}($1, $2, $3, $4, $5, $6)",
+            self.name("qs_finalize")
+        );
         Ok(sqlx::query_scalar(&sql)
             .bind(id)
             .bind(run_lease)
             .bind(outcome)
             .bind(run_at)
             .bind(error)
+            .bind(progress)
             .fetch_one(executor)
             .await?)
     }
@@ -560,7 +571,115 @@ impl QueueStorage {
             .await?)
     }
 
-    /// Park an attempt on its callback (`waiting_external`); false when the lease is gone or
+    /// [`QueueStorage::register_callback`] with CEL rules (checked by the caller), stored
+    /// with the new callback id.
+    pub(crate) async fn register_callback_with(
+        &self,
+        pool: &Db,
+        id: i64,
+        run_lease: i64,
+        timeout: Duration,
+        rules: Option<&Value>,
+    ) -> Result<Option<String>> {
+        let sql = format!(
+            "SELECT {}($1, $2, make_interval(secs => $3), $4)",
+            self.name("qs_register_callback_with")
+        );
+        Ok(sqlx::query_scalar(&sql)
+            .bind(id)
+            .bind(run_lease)
+            .bind(timeout.as_secs_f64())
+            .bind(rules)
+            .fetch_one(pool.pool())
+            .await?)
+    }
+
+    /// The job waiting on callback `cid` and its CEL rules, locked for its resolution;
+    /// `None` when no attempt waits on it.
+    pub(crate) async fn callback_rules(
+        &self,
+        conn: &mut PgConnection,
+        cid: &str,
+    ) -> Result<Option<(i64, Option<Value>)>> {
+        let sql = format!("SELECT * FROM {}($1::uuid)", self.name("qs_callback_rules"));
+        Ok(sqlx::query_as(&sql)
+            .bind(cid)
+            .fetch_optional(&mut *conn)
+            .await?)
+    }
+
+    /// Resolve callback `cid` (`qs_resolve_callback`: complete, fail, retry, resume or
+    /// heartbeat); the job's id and the queue to wake, or `None` when no attempt waits on it.
+    pub(crate) async fn resolve_callback(
+        &self,
+        conn: &mut PgConnection,
+        cid: &str,
+        action: &str,
+        payload: Option<&Value>,
+        error: Option<&str>,
+        timeout: Option<Duration>,
+    ) -> Result<Option<(i64, Option<String>)>> {
+        let sql = format!(
+            "SELECT * FROM {}($1::uuid, $2, $3, $4, make_interval(secs => $5))",
+            self.name("qs_resolve_callback")
+        );
+        Ok(sqlx::query_as(&sql)
+            .bind(cid)
+            .bind(action)
+            .bind(payload)
+            .bind(error)
+            .bind(timeout.map(|t| t.as_secs_f64()))
+            .fetch_optional(&mut *conn)
+            .await?)
+    }
+
+    /// Take the payload delivered to attempt `(id, run_lease)` waiting in-process on callback
+    /// `cid`; `None` when none is there.
+    pub(crate) async fn take_callback_result(
+        &self,
+        pool: &Db,
+        id: i64,
+        run_lease: i64,
+        cid: &str,
+    ) -> Result<Option<Value>> {
+        let sql = format!(
+            "SELECT payload FROM {}($1, $2, $3)",
+            self.name("qs_take_callback_result")
+        );
+        Ok(sqlx::query_scalar(&sql)
+            .bind(id)
+            .bind(run_lease)
+            .bind(cid)
+            .fetch_optional(pool.pool())
+            .await?)
+    }
+
+    /// What an in-handler wait of attempt `(id, run_lease)` on `cid` sees of its lease:
+    /// (parked, its callback id, timed out, a payload for `cid` waiting); `None` when the
+    /// lease is gone.
+    pub(crate) async fn callback_wait_state(
+        &self,
+        pool: &Db,
+        id: i64,
+        run_lease: i64,
+        cid: &str,
+    ) -> Result<Option<(bool, Option<String>, bool, bool)>> {
+        let sql = format!(
+            "SELECT waiting, callback_id::text, coalesce(callback_timeout_at < now(), false),
+                    coalesce(callback_result->>'callback_id' = $3, false)
+             FROM {} WHERE id = $1 AND run_lease = $2",
+            self.name("leases")
+        );
+        Ok(sqlx::query_as(&sql)
+            .bind(id)
+            .bind(run_lease)
+            .bind(cid)
+            .fetch_optional(pool.pool())
+            .await?)
+    }
+
+    /// Park an attempt on its callback (`waiting_external`), storing the handler's last
+    /// `progress` with it (`None` keeps what was heartbeated); false when the lease is gone or
     /// the callback is not this attempt's.
     pub async fn park<'e, E: sqlx::PgExecutor<'e>>(
         &self,
@@ -568,12 +687,14 @@ impl QueueStorage {
         id: i64,
         run_lease: i64,
         callback_id: &str,
+        progress: Option<&Value>,
     ) -> Result<bool> {
-        let sql = format!("SELECT {}($1, $2, $3)", self.name("qs_park"));
+        let sql = format!("SELECT {}($1, $2, $3, $4)", self.name("qs_park"));
         Ok(sqlx::query_scalar(&sql)
             .bind(id)
             .bind(run_lease)
             .bind(callback_id)
+            .bind(progress)
             .fetch_one(executor)
             .await?)
     }
