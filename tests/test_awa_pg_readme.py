@@ -11,8 +11,6 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
-
 import awa
 from awa import AsyncClient
 from helpers import wait_for
