@@ -585,16 +585,6 @@ RETURNS boolean LANGUAGE sql AS $$
     SELECT EXISTS (SELECT 1 FROM u)
 $$;
 
--- Register a callback for an open attempt: a new callback id and its timeout; NULL when the
--- attempt's lease is gone.
-CREATE FUNCTION {s}.qs_register_callback(p_id bigint, p_lease bigint, p_timeout interval)
-RETURNS text LANGUAGE sql AS $$
-    UPDATE {s}.leases l SET callback_id = gen_random_uuid(),
-        callback_timeout_at = now() + p_timeout
-    WHERE l.id = p_id AND l.run_lease = p_lease
-    RETURNING l.callback_id::text
-$$;
-
 -- Park an attempt that returned "wait for the callback" (canonical's waiting_external): its
 -- lease stays, no longer heartbeated, until the callback resolves or times out. False when the
 -- lease is gone or the callback is not this attempt's.

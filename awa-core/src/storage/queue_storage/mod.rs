@@ -559,16 +559,8 @@ impl QueueStorage {
         run_lease: i64,
         timeout: Duration,
     ) -> Result<Option<String>> {
-        let sql = format!(
-            "SELECT {}($1, $2, make_interval(secs => $3))",
-            self.name("qs_register_callback")
-        );
-        Ok(sqlx::query_scalar(&sql)
-            .bind(id)
-            .bind(run_lease)
-            .bind(timeout.as_secs_f64())
-            .fetch_one(pool.pool())
-            .await?)
+        self.register_callback_with(pool, id, run_lease, timeout, None)
+            .await
     }
 
     /// [`QueueStorage::register_callback`] with CEL rules (checked by the caller), stored
