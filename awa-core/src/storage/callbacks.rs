@@ -268,15 +268,7 @@ pub async fn resolve_callback(
             let job = if canonical {
                 complete_in(&mut tx, specs, id, result.clone()).await?
             } else {
-                let missing = Err(AwaError::CallbackNotFound(id.to_string()));
-                or_queue_storage(
-                    &mut tx,
-                    specs,
-                    id,
-                    Action::Complete(result.clone()),
-                    missing,
-                )
-                .await?
+                on_queue_storage(&mut tx, specs, id, Action::Complete(result.clone())).await?
             };
             Resolution {
                 outcome: "completed",
@@ -289,8 +281,7 @@ pub async fn resolve_callback(
             let job = if canonical {
                 fail_in(&mut tx, specs, id, &error).await?
             } else {
-                let missing = Err(AwaError::CallbackNotFound(id.to_string()));
-                or_queue_storage(&mut tx, specs, id, Action::Fail(&error), missing).await?
+                on_queue_storage(&mut tx, specs, id, Action::Fail(&error)).await?
             };
             Resolution {
                 outcome: "failed",
@@ -405,10 +396,7 @@ enum Action<'a> {
 }
 
 /// `canonical`, the result of resolving callback `id` on canonical; when no canonical job
-/// waits on it, the same resolution on the readable queue-storage schema (in the same
-/// transaction), with what canonical's does around it: registered specs' follow-ups
-/// (`Completed` on completion, `Exhausted` on failure), the DLQ where the queue enables it,
-/// the queue's wake-up and `awa:callback`. Neither engine: [`AwaError::CallbackNotFound`].
+/// waits on it, the same resolution on queue storage ([`on_queue_storage`]).
 async fn or_queue_storage(
     tx: &mut PgConnection,
     specs: &Specs,
@@ -417,9 +405,22 @@ async fn or_queue_storage(
     canonical: Result<JobRow>,
 ) -> Result<JobRow> {
     match canonical {
-        Err(AwaError::CallbackNotFound(_)) => {}
-        other => return other,
+        Err(AwaError::CallbackNotFound(_)) => on_queue_storage(tx, specs, id, action).await,
+        other => other,
     }
+}
+
+/// Resolve callback `id` on the readable queue-storage schema (in the caller's transaction),
+/// with what canonical's resolution does around it: registered specs' follow-ups
+/// (`Completed` on completion, `Exhausted` on failure), the DLQ where the queue enables it,
+/// the queue's wake-up and `awa:callback`. No attempt waits on it there:
+/// [`AwaError::CallbackNotFound`].
+async fn on_queue_storage(
+    tx: &mut PgConnection,
+    specs: &Specs,
+    id: &str,
+    action: Action<'_>,
+) -> Result<JobRow> {
     let not_found = || AwaError::CallbackNotFound(id.to_string());
     let Some(qs) = readable_queue_storage(&mut *tx).await? else {
         return Err(not_found());

@@ -371,9 +371,7 @@ pub async fn retry_failed(
     .await?;
     out.matched += matched;
     // Read before the commit, as canonical returns them: after it a worker may claim them.
-    for id in retried {
-        out.jobs.push(qs.job(&mut *tx, id).await?);
-    }
+    out.jobs.extend(qs.jobs_by_id(&mut *tx, &retried).await?);
     tx.commit().await?;
     out.jobs.sort_by_key(|j| j.id);
     Ok(out)

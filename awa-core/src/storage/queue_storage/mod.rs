@@ -734,14 +734,28 @@ impl QueueStorage {
 
     /// One job as `qs_jobs` shows it (a scan: entries are not indexed by id).
     pub async fn job<'e, E: sqlx::PgExecutor<'e>>(&self, executor: E, id: i64) -> Result<JobRow> {
+        self.jobs_by_id(executor, &[id])
+            .await?
+            .pop()
+            .ok_or(AwaError::JobNotFound(id))
+    }
+
+    /// The jobs among `ids` as `qs_jobs` shows them, in id order, in one read (one scan,
+    /// however many ids).
+    pub async fn jobs_by_id<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        executor: E,
+        ids: &[i64],
+    ) -> Result<Vec<JobRow>> {
         let sql = format!(
-            "SELECT {JOB_COLUMNS} FROM {} WHERE id = $1",
+            "SELECT {JOB_COLUMNS} FROM {} WHERE id = ANY($1) ORDER BY id",
             self.name("qs_jobs")
         );
-        match sqlx::query(&sql).bind(id).fetch_optional(executor).await? {
-            Some(row) => Ok(JobRow::from_row(&row)?),
-            None => Err(AwaError::JobNotFound(id)),
-        }
+        let rows = sqlx::query(&sql).bind(ids).fetch_all(executor).await?;
+        Ok(rows
+            .iter()
+            .map(JobRow::from_row)
+            .collect::<std::result::Result<_, _>>()?)
     }
 
     /// Move the failed jobs among `ids` into the DLQ (`qs_move_to_dlq`): with `reason`, or
@@ -893,20 +907,12 @@ impl QueueStorage {
             return Ok(ids);
         }
         if specs.has_any(SpecEvent::Exhausted) || specs.has_any(SpecEvent::Cancelled) {
-            let rows = sqlx::query(&format!(
-                "SELECT {JOB_COLUMNS} FROM {} WHERE id = ANY($1)
-                   AND state IN ('failed', 'cancelled') ORDER BY id",
-                self.name("qs_jobs")
-            ))
-            .bind(&ids)
-            .fetch_all(&mut *tx)
-            .await?;
             let mut follow_ups = Vec::new();
-            for row in &rows {
-                let job = JobRow::from_row(row)?;
+            for job in self.jobs_by_id(&mut *tx, &ids).await? {
                 let event = match job.state {
                     JobState::Failed => SpecEvent::Exhausted,
-                    _ => SpecEvent::Cancelled,
+                    JobState::Cancelled => SpecEvent::Cancelled,
+                    _ => continue,
                 };
                 follow_ups.extend(specs.follow_ups(&job, event)?);
             }
