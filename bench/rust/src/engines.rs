@@ -42,7 +42,17 @@ async fn engine_pool(o: &Opts, max: u32) -> Result<Db, AnyError> {
     Ok(match o.engine.as_str() {
         "canonical" => pool,
         "queue_storage" => {
-            let qs = QueueStorage::new("awa", 16, 8)?;
+            let slots = |name: &str, default: u32| {
+                std::env::var(name)
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(default)
+            };
+            let qs = QueueStorage::new(
+                "awa",
+                slots("AWA_BENCH_QUEUE_SLOTS", 16),
+                slots("AWA_BENCH_LEASE_SLOTS", 8),
+            )?;
             qs.install(&pool).await?;
             pool.with_engine(Engine::QueueStorage(Arc::new(qs)))
         }
@@ -110,7 +120,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// The drain's settings; probe knobs (not used by bench/engines.py):
 /// `AWA_BENCH_LEASE_ROTATE_MS` and `AWA_BENCH_QUEUE_ROTATE_MS` override queue storage's
-/// rotation intervals.
+/// rotation intervals (and `AWA_BENCH_QUEUE_SLOTS` / `AWA_BENCH_LEASE_SLOTS` its slot counts,
+/// in `engine_pool`).
 fn runtime_config(o: &Opts) -> RuntimeConfig {
     let ms = |name: &str| {
         std::env::var(name)

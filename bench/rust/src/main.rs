@@ -421,7 +421,9 @@ async fn refill(url: &str, n: usize) -> Result<(), AnyError> {
         .max_connections(1)
         .connect(url)
         .await?;
-    sqlx::query("TRUNCATE awa.canonical_jobs").execute(&pool).await?;
+    sqlx::query("TRUNCATE awa.canonical_jobs")
+        .execute(&pool)
+        .await?;
     let mut next = 0usize;
     while next < n {
         let end = (next + 5_000).min(n);

@@ -191,7 +191,9 @@ CREATE FUNCTION {s}.qs_enqueue(p_kinds text[], p_queues text[], p_args jsonb[],
                                p_unique_keys bytea[], p_unique_states smallint[],
                                p_ordering_keys text[], p_notify boolean DEFAULT true,
                                p_skip_held boolean DEFAULT false)
-RETURNS SETOF bigint LANGUAGE plpgsql AS $$
+RETURNS SETOF bigint LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     cur record;
     n integer := coalesce(cardinality(p_kinds), 0);
@@ -317,14 +319,18 @@ RETURNS TABLE (id bigint, kind text, queue text, args jsonb, state text, priorit
                tags text[], unique_key bytea, unique_states smallint, callback_id text,
                callback_timeout_at timestamptz, run_lease bigint, progress jsonb,
                ordering_key text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     lane   {s}.lanes;
     lslot  integer;
     v_seq  bigint;
     v_xmax xid8;
-    next_cursor bigint;
+    v_picked {s}.ready_entries[];
+    n_picked integer;
+    max_seq  bigint;
 BEGIN
     -- Lock order, everywhere: leases, then a queue slot's tables (reclaim_queue takes leases in
     -- EXCLUSIVE mode before its slot; a claim must not hold a slot's lock while it waits). The
@@ -351,9 +357,13 @@ BEGIN
     END IF;
     SELECT r.current INTO lslot FROM {s}.lease_ring_state r;
 
-    RETURN QUERY
-    WITH picked AS (
-        SELECT e.*, e.run_lease + 1 AS next_lease, e.attempt + 1 AS next_attempt, now() AS t0
+    -- The lowest committed unclaimed entries at or above the cursor, whole: the one statement
+    -- that reads every slot of the lane (each statement over the partitioned tables opens an
+    -- index scan per slot, which is most of a claim's cost), so the inserts below read nothing.
+    SELECT coalesce(array_agg(p.e ORDER BY p.seq), '{}'), count(*), max(p.seq)
+    INTO v_picked, n_picked, max_seq
+    FROM (
+        SELECT e, e.seq
         FROM {s}.ready_entries e
         WHERE e.queue = p_queue AND e.priority = p_priority AND e.seq >= lane.cursor
           -- `c.seq >= lane.cursor` is implied by `c.seq = e.seq`, but said for the planner:
@@ -364,36 +374,41 @@ BEGIN
                             AND c.seq >= lane.cursor)
         ORDER BY e.seq
         LIMIT p_n
-    ), consumed AS (
-        INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
-        SELECT p.slot, p_queue, p_priority, p.seq FROM picked p
-    ), leased AS (
-        INSERT INTO {s}.leases (lease_slot, id, run_lease, queue, priority, slot, generation, seq,
-                                attempt, heartbeat_at, deadline_at, attempted_at, progress)
-        SELECT lslot, p.id, p.next_lease, p_queue, p_priority, p.slot, p.generation, p.seq,
-               p.next_attempt, p.t0, p.t0 + p_deadline, p.t0, p.progress
-        FROM picked p
-    )
-    SELECT p.id, p.kind, p.queue, p.args, 'running'::text, p.priority, p.next_attempt,
-           p.max_attempts, p.run_at, p.t0, p.t0 + p_deadline, p.t0, NULL::timestamptz,
-           p.created_at, p.errors, p.metadata, p.tags, p.unique_key, p.unique_states,
-           NULL::text, NULL::timestamptz, p.next_lease, p.progress, p.ordering_key
-    FROM picked p ORDER BY p.seq;
+    ) p;
 
-    -- The cursor: the lowest unclaimed committed seq at or above it, capped at the stable point
-    -- plus one (every seq at or below the stable point is committed or gone).
-    -- (ORDER BY ... LIMIT 1, not min(): min() over an anti-join reads the whole range, and a
-    -- backlog makes that range long; this stops at the first unclaimed entry.)
-    SELECT e.seq INTO next_cursor
-    FROM {s}.ready_entries e
-    WHERE e.queue = p_queue AND e.priority = p_priority AND e.seq >= lane.cursor
-      AND e.seq <= lane.stable_seq
-      AND NOT EXISTS (SELECT 1 FROM {s}.claimed_entries c
-                      WHERE c.queue = p_queue AND c.priority = p_priority AND c.seq = e.seq
-                        AND c.seq >= lane.cursor AND c.seq <= lane.stable_seq)
-    ORDER BY e.seq
-    LIMIT 1;
-    lane.cursor := greatest(lane.cursor, coalesce(next_cursor, lane.stable_seq + 1));
+    IF n_picked > 0 THEN
+        RETURN QUERY
+        WITH picked AS (
+            SELECT p.*, p.run_lease + 1 AS next_lease, p.attempt + 1 AS next_attempt, now() AS t0
+            FROM unnest(v_picked) AS p
+        ), consumed AS (
+            INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
+            SELECT p.slot, p_queue, p_priority, p.seq FROM picked p
+        ), leased AS (
+            INSERT INTO {s}.leases (lease_slot, id, run_lease, queue, priority, slot, generation,
+                                    seq, attempt, heartbeat_at, deadline_at, attempted_at, progress)
+            SELECT lslot, p.id, p.next_lease, p_queue, p_priority, p.slot, p.generation, p.seq,
+                   p.next_attempt, p.t0, p.t0 + p_deadline, p.t0, p.progress
+            FROM picked p
+        )
+        SELECT p.id, p.kind, p.queue, p.args, 'running'::text, p.priority, p.next_attempt,
+               p.max_attempts, p.run_at, p.t0, p.t0 + p_deadline, p.t0, NULL::timestamptz,
+               p.created_at, p.errors, p.metadata, p.tags, p.unique_key, p.unique_states,
+               NULL::text, NULL::timestamptz, p.next_lease, p.progress, p.ordering_key
+        FROM picked p ORDER BY p.seq;
+    END IF;
+
+    -- The cursor, never past the first unclaimed committed entry nor past the stable point
+    -- plus one (every seq at or below the stable point is committed or gone), from what the
+    -- claim took, without reading the lane again: the picked entries are the lowest unclaimed
+    -- ones this snapshot sees, and it sees every seq at or below the stable point (the lane
+    -- lock above waited for any other claim of the lane). Fewer than p_n: none is left below
+    -- the stable point. Exactly p_n: everything up to the last one taken is claimed now.
+    IF n_picked < p_n THEN
+        lane.cursor := greatest(lane.cursor, lane.stable_seq + 1);
+    ELSE
+        lane.cursor := greatest(lane.cursor, least(max_seq + 1, lane.stable_seq + 1));
+    END IF;
     -- An idle poll changes nothing: write nothing then (no dead tuple per poll).
     UPDATE {s}.lanes l SET cursor = lane.cursor, stable_seq = lane.stable_seq,
         cand_seq = lane.cand_seq, cand_xmax = lane.cand_xmax
@@ -415,11 +430,12 @@ RETURNS TABLE (id bigint, kind text, queue text, args jsonb, state text, priorit
                tags text[], unique_key bytea, unique_states smallint, callback_id text,
                callback_timeout_at timestamptz, run_lease bigint, progress jsonb,
                ordering_key text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     got integer := 0;
     k integer;
-    c bigint;
     pr integer;
     lanes integer[] := ARRAY[1, 2, 3, 4];
 BEGIN
@@ -448,16 +464,22 @@ BEGIN
                                     AND ce.seq = e.seq AND ce.seq >= coalesce(l.cursor, 0))
                 ORDER BY e.seq LIMIT 1) h ON true) x;
     END IF;
+    -- Only lanes with an entry at or past their cursor (read without a lock: an entry
+    -- committed after this read is found by the claim its wake-up starts), in the order above.
+    -- A claim of an empty lane locks and upserts its lane row; skipping them quarters an idle
+    -- pickup. One statement probing each lane's index in a nested loop (LIMIT keeps the
+    -- lateral probe from being flattened into a hash join over the whole queue: 33 ms), so
+    -- the slots' index scans are opened once, not once per lane.
+    SELECT coalesce(array_agg(t.pr ORDER BY t.o), '{}') INTO lanes
+    FROM unnest(lanes) WITH ORDINALITY AS t(pr, o)
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM {s}.ready_entries e
+        WHERE e.queue = p_queue AND e.priority = t.pr
+          AND e.seq >= coalesce((SELECT l.cursor FROM {s}.lanes l
+                                 WHERE l.queue = p_queue AND l.priority = t.pr), 0)
+        LIMIT 1) x;
     FOREACH pr IN ARRAY lanes LOOP
         EXIT WHEN got >= p_n;
-        -- Only a lane with an entry at or past its cursor (read without a lock: an entry
-        -- committed after this read is found by the claim its wake-up starts). A claim of an
-        -- empty lane locks and upserts its lane row; skipping them quarters an idle pickup.
-        -- One index probe per lane (a set-based form got a hash join over the whole queue).
-        c := (SELECT l.cursor FROM {s}.lanes l WHERE l.queue = p_queue AND l.priority = pr);
-        CONTINUE WHEN NOT EXISTS (
-            SELECT 1 FROM {s}.ready_entries e
-            WHERE e.queue = p_queue AND e.priority = pr AND e.seq >= coalesce(c, 0));
         RETURN QUERY SELECT * FROM {s}.qs_claim(p_queue, pr::smallint, p_n - got, p_deadline);
         GET DIAGNOSTICS k = ROW_COUNT;
         got := got + k;
@@ -469,7 +491,12 @@ END $$;
 -- lease a finalization holds locked is skipped, not waited for (as on canonical: one slow
 -- completion must not delay every other attempt's heartbeat into rescue).
 CREATE FUNCTION {s}.qs_heartbeat(p_ids bigint[], p_leases bigint[], p_progress jsonb[] DEFAULT NULL)
-RETURNS TABLE (id bigint, cancel boolean) LANGUAGE sql AS $$
+RETURNS TABLE (id bigint, cancel boolean) LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     WITH live AS (
         SELECT x.id, x.run_lease, t.progress
         FROM unnest(p_ids, p_leases, coalesce(p_progress, array_fill(NULL::jsonb,
@@ -479,8 +506,8 @@ RETURNS TABLE (id bigint, cancel boolean) LANGUAGE sql AS $$
     )
     UPDATE {s}.leases l SET heartbeat_at = now(), progress = coalesce(live.progress, l.progress)
     FROM live WHERE l.id = live.id AND l.run_lease = live.run_lease
-    RETURNING l.id, l.cancel_requested_at IS NOT NULL
-$$;
+    RETURNING l.id, l.cancel_requested_at IS NOT NULL;
+END $$;
 
 -- Give claimed attempts that never started back: each lease still open and without a cancel
 -- request is deleted and its job appended again to the current slot (same id and run lease,
@@ -488,7 +515,9 @@ $$;
 -- still open with what happened: 0 released, 1 a cancel was requested (left running for the
 -- caller to finalize as cancelled).
 CREATE FUNCTION {s}.qs_release(p_ids bigint[], p_leases bigint[])
-RETURNS TABLE (id bigint, what smallint) LANGUAGE plpgsql AS $$
+RETURNS TABLE (id bigint, what smallint) LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     cur record;
@@ -532,7 +561,9 @@ END $$;
 CREATE FUNCTION {s}.qs_finalize(p_id bigint, p_lease bigint, p_outcome text,
                                 p_run_at timestamptz DEFAULT NULL, p_error jsonb DEFAULT NULL,
                                 p_progress jsonb DEFAULT NULL)
-RETURNS boolean LANGUAGE plpgsql AS $$
+RETURNS boolean LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     l {s}.leases;
     e {s}.ready_entries;
@@ -687,7 +718,12 @@ END $$;
 -- Complete a batch: the lease delete is the guard; one receipt per queue slot for exactly the
 -- leases deleted. Returns the (id, run_lease) pairs completed.
 CREATE FUNCTION {s}.qs_complete(p_ids bigint[], p_leases bigint[])
-RETURNS TABLE (id bigint, run_lease bigint) LANGUAGE sql AS $$
+RETURNS TABLE (id bigint, run_lease bigint) LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     WITH done AS (
         DELETE FROM {s}.leases l
         USING unnest(p_ids, p_leases) AS t(id, run_lease)
@@ -697,8 +733,8 @@ RETURNS TABLE (id bigint, run_lease bigint) LANGUAGE sql AS $$
         INSERT INTO {s}.receipts (slot, generation, seqs, finalized_at)
         SELECT d.slot, d.generation, array_agg(d.seq), now() FROM done d GROUP BY d.slot, d.generation
     )
-    SELECT d.id, d.run_lease FROM done d
-$$;
+    SELECT d.id, d.run_lease FROM done d;
+END $$;
 
 -- Rescue: running attempts whose heartbeat is older than p_stale or whose deadline has passed,
 -- and callbacks past their timeout, lose their lease (so a late completion of that attempt
