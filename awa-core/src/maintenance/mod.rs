@@ -107,16 +107,26 @@ async fn try_lead(pool: &Db, url: Option<&str>) -> crate::error::Result<Option<L
     }
 }
 
+/// A lease slot is worth truncating once its file holds this much (about 1,500 leases and
+/// their dead versions): the ring then turns every second or two at 1,000 jobs/s rather than at
+/// every pass (each TRUNCATE rewrites catalog rows and costs every backend a cache refresh).
+const LEASE_SLOT_BYTES: i64 = 256 * 1024;
+/// ... or once it has been current this long, whatever it holds, so a quiet ring's dead leases
+/// do not linger.
+const LEASE_SLOT_MAX_AGE: Duration = Duration::from_secs(10);
+
 /// The leader's duties on queue storage, each when its interval is due (`last` holds when
-/// each last ran: 0 promotion, 1–3 rescue, 5 the queue ring, 6 the lease ring). One rescue
-/// statement covers stale heartbeats, passed deadlines and callback timeouts.
+/// each last ran: 0 promotion, 1–3 rescue, 5 the queue ring, 6 the lease ring; and 7 when the
+/// lease ring last moved to `lease_slot`). One rescue statement covers stale heartbeats,
+/// passed deadlines and callback timeouts.
 async fn queue_storage_duties(
     pool: &Db,
     qs: &QueueStorage,
     config: &RuntimeConfig,
     specs: &Specs,
     now: Instant,
-    last: &mut [Instant; 7],
+    last: &mut [Instant; 8],
+    lease_slot: &mut Option<i32>,
 ) {
     let mut due = |i: usize, every: Duration| {
         let yes = now.duration_since(last[i]) >= every;
@@ -148,12 +158,23 @@ async fn queue_storage_duties(
         }
     }
     if due(5, config.queue_rotate_interval) {
-        if let Err(e) = qs.rotate(pool, config.completed_retention).await {
+        if let Err(e) = qs.rotate_queue_ring(pool, config.completed_retention).await {
             tracing::warn!(error = %e, "queue ring rotation failed");
         }
-    } else if due(6, config.lease_rotate_interval) {
-        if let Err(e) = qs.rotate_leases(pool).await {
-            tracing::warn!(error = %e, "lease ring rotation failed");
+    }
+    if due(6, config.lease_rotate_interval) {
+        let min_bytes = if now.duration_since(last[7]) >= LEASE_SLOT_MAX_AGE {
+            1
+        } else {
+            LEASE_SLOT_BYTES
+        };
+        match qs.rotate_leases_over(pool, min_bytes).await {
+            Ok(slot) if *lease_slot != Some(slot) => {
+                *lease_slot = Some(slot);
+                last[7] = now;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "lease ring rotation failed"),
         }
     }
 }
@@ -185,15 +206,16 @@ async fn lead(
     .min()
     .unwrap_or(Duration::from_millis(250))
     .max(Duration::from_millis(20));
-    let mut last = [Instant::now() - Duration::from_secs(3600); 7];
+    let mut last = [Instant::now() - Duration::from_secs(3600); 8];
+    let mut lease_slot = None;
     let mut cron = crate::cron::evaluate::Ticker::new();
     let Lease { mut conn, mode } = lease;
     loop {
         let now = Instant::now();
         let due =
-            |i: usize, every: Duration, last: &[Instant; 7]| now.duration_since(last[i]) >= every;
+            |i: usize, every: Duration, last: &[Instant; 8]| now.duration_since(last[i]) >= every;
         if let Some(qs) = &queue_storage {
-            queue_storage_duties(pool, qs, config, specs, now, &mut last).await;
+            queue_storage_duties(pool, qs, config, specs, now, &mut last, &mut lease_slot).await;
         }
         if queue_storage.is_none() && due(0, config.promote_interval, &last) {
             last[0] = now;

@@ -939,6 +939,22 @@ impl QueueStorage {
     /// the next slot is empty, then truncate empty lease slots and move the lease ring on.
     /// Each step is its own transaction.
     pub async fn rotate(&self, pool: &Db, retention: Duration) -> Result<Rotation> {
+        let (carried, queue_slot) = self.rotate_queue_ring(pool, retention).await?;
+        let lease_slot = self.rotate_leases(pool).await?;
+        Ok(Rotation {
+            carried,
+            queue_slot,
+            lease_slot,
+        })
+    }
+
+    /// The queue ring's part of [`Self::rotate`]: the reclaim's carried count (`None` when
+    /// nothing was reclaimed) and the new current slot (`None` when the ring did not move).
+    pub async fn rotate_queue_ring(
+        &self,
+        pool: &Db,
+        retention: Duration,
+    ) -> Result<(Option<i64>, Option<i32>)> {
         let reclaim = format!(
             "SELECT {}(make_interval(secs => $1))",
             self.name("qs_reclaim_queue")
@@ -949,20 +965,25 @@ impl QueueStorage {
             .await?;
         let rotate = format!("SELECT {}()", self.name("qs_rotate_queue"));
         let queue_slot: Option<i32> = sqlx::query_scalar(&rotate).fetch_one(pool.pool()).await?;
-        let lease_slot = self.rotate_leases(pool).await?;
-        Ok(Rotation {
-            carried,
-            queue_slot,
-            lease_slot,
-        })
+        Ok((carried, queue_slot))
     }
 
     /// Truncate every empty lease slot but the current one and move the lease ring on (the
     /// leases' dead tuples live until their slot is truncated, so this runs more often than
     /// the queue ring's rotation; awa-pg's default is every 50 ms). Returns the current slot.
     pub async fn rotate_leases(&self, pool: &Db) -> Result<i32> {
-        let sql = format!("SELECT {}()", self.name("qs_rotate_leases"));
-        Ok(sqlx::query_scalar(&sql).fetch_one(pool.pool()).await?)
+        self.rotate_leases_over(pool, 0).await
+    }
+
+    /// [`Self::rotate_leases`] only once the current lease slot's file holds at least
+    /// `min_bytes` (0: always); otherwise nothing is locked or written. Returns the current
+    /// slot.
+    pub async fn rotate_leases_over(&self, pool: &Db, min_bytes: i64) -> Result<i32> {
+        let sql = format!("SELECT {}($1)", self.name("qs_rotate_leases"));
+        Ok(sqlx::query_scalar(&sql)
+            .bind(min_bytes)
+            .fetch_one(pool.pool())
+            .await?)
     }
 
     /// Every job the substrate holds, one row each, by id (the `qs_jobs` view, in
