@@ -595,6 +595,82 @@ def git_has(commit: str) -> bool:
     return r.returncode == 0
 
 
+# Issue 18's figures come from two runs of their own (a 30-minute soak per system does not fit in
+# this run's rounds): the soak (bench/soak.py) and the engines' drain (bench/engines.py).
+SOAK_SYSTEMS = [("awa-rust-soak", "ours, canonical"), ("awa-rust-qs", "ours, queue storage"),
+                ("awa-pg-qs", "awa-pg 0.6.9, queue storage")]
+
+
+def storage_engines_section(docs: str = DOCS) -> list[str]:
+    """Issue 18's targets, from docs/soak.json and docs/engines.json as they stand."""
+    def load(name: str) -> dict[str, Any] | None:
+        path = os.path.join(docs, name)
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            return json.load(f)
+
+    soak, engines = load("soak.json"), load("engines.json")
+    lines = ["## Storage engines (issue 18)", ""]
+    if soak is None and engines is None:
+        return lines + ["No soak or engines run is recorded (docs/soak.json, docs/engines.json).", ""]
+
+    def source(d: dict[str, Any]) -> str:
+        return (f"`{d['command']}`, {d['started']}, {commit_note(d['meta'].get('git', {}))}")
+
+    lines.append("Not measured in the run above: each comes from its own run, written next to this file.")
+    lines.append("")
+    if soak is not None:
+        p = soak["params"]
+        runs = {r["system"]: r for r in soak["runs"]}
+        lines.append(f"**Soak** ([soak.md](soak.md): {source(soak)}): each system in turn, "
+                     f"{p['rate']:,.0f} jobs/s offered for {p['duration_s']:,.0f} s, completed jobs kept "
+                     f"{p['retention_s']:g} s, autovacuum {soak.get('autovacuum', '?')}.")
+        lines.append("")
+        lines.append("| system | processed | dead tuples per job (≤ 1 %) | size growth from minute "
+                     f"{p['duration_s'] / 180:g} (≤ 10 %) | backlog at the end (≤ 2 s of load) | WAL bytes per job |")
+        lines.append("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for system, label in SOAK_SYSTEMS:
+            rec = runs.get(system)
+            if rec is None:
+                continue
+            if not rec.get("ok"):
+                lines.append(f"| {label} | failed: {str(rec.get('error'))[:100]} | | | | |")
+                continue
+            j = rec["judged"]
+            v = j["verdicts"]
+
+            def mark(ok: bool) -> str:
+                return "met" if ok else "**missed**"
+
+            lines.append(f"| {label} | {j['processed']:,} | {j['dead_per_job']:.2%} {mark(v['dead'])} | "
+                         f"{j['growth']:+.1%} {mark(v['growth'])} | {j['backlog_end']:,} {mark(v['backlog'])} | "
+                         f"{j['wal_bytes_per_job']:,.0f} |")
+        lines.append("")
+    if engines is not None:
+        sm, p = engines["summary"], engines["params"]
+        lines.append(f"**Drain, WAL and idle pickup** ([engines.md](engines.md): {source(engines)}): our Rust "
+                     f"runtime on each engine, {p['rounds']} rounds of {p['jobs']:,} no-op jobs and "
+                     f"{p['pickups']} idle pickups; medians, the ratio is queue storage / canonical.")
+        lines.append("")
+        lines.append("| figure | canonical | queue storage | ratio | needed | met |")
+        lines.append("| --- | ---: | ---: | ---: | --- | --- |")
+        needs = [("jobs_per_s", "drain, jobs/s", "≥ 1.0×", "{:,.0f}"),
+                 ("wal_bytes_per_job", "WAL bytes per job", "≤ 0.8×", "{:,.0f}"),
+                 ("pickup_p99_ms", "idle pickup p99, ms", "≤ 1.0×", "{:.2f}"),
+                 ("pickup_p50_ms", "idle pickup p50, ms", "", "{:.2f}")]
+        eng = sm.get("engines", {})
+        for key, label, need, fmt in needs:
+            if "canonical" not in eng or "queue_storage" not in eng:
+                break
+            c, q = eng["canonical"][key]["median"], eng["queue_storage"][key]["median"]
+            verdict = sm.get("verdicts", {}).get(key)
+            met = "" if verdict is None else ("met" if verdict else "**missed**")
+            lines.append(f"| {label} | {fmt.format(c)} | {fmt.format(q)} | {sm['ratios'][key]:.2f}× | {need} | {met} |")
+        lines.append("")
+    return lines
+
+
 def render_markdown(data: dict[str, Any]) -> str:
     summary, order, meta = data["summary"], data["systems"], data["meta"]
     labels = {s: data["labels"][s] for s in order}
@@ -717,6 +793,8 @@ def render_markdown(data: dict[str, Any]) -> str:
             kind = "unavailable" if r.get("unavailable") else "failed"
             lines.append(f"- {r['system']} / {r['workload']}: {kind}: `{(r.get('error') or '')[:300]}`")
         lines.append("")
+    if not quick:
+        lines += storage_engines_section()
     lines.append("## Settings used (as each run reported them)")
     lines.append("")
     for s in order:

@@ -180,3 +180,39 @@ def test_cpu_is_read_from_the_os() -> None:
     assert orchestrate.children_cpu_s() - before > 0.01
     server = orchestrate.server_cpu_s()  # None where /proc shows no local PostgreSQL
     assert server is None or server >= 0.0
+
+
+def test_the_storage_engines_section_reads_the_soak_and_the_engines_runs(tmp_path) -> None:
+    """Issue 18's section: each soak system's figures with its verdicts, the engines' medians
+    and ratios, each run's command named; nothing recorded says so."""
+    assert "No soak or engines run is recorded" in "\n".join(orchestrate.storage_engines_section(str(tmp_path)))
+    meta = {"git": {"commit": "abc", "dirty": False}}
+
+    def judged(dead: float, growth: float, ok: bool) -> dict:
+        return {"processed": 1_800_000, "dead_per_job": dead, "growth": growth, "backlog_end": 0,
+                "wal_bytes_per_job": 900.0, "verdicts": {"dead": ok, "growth": ok, "backlog": True}}
+
+    soak = {"command": "bash bench/run.sh --soak", "started": "then", "meta": meta, "autovacuum": "off",
+            "params": {"rate": 1000.0, "duration_s": 1800.0, "retention_s": 10.0},
+            "runs": [{"system": "awa-rust-soak", "ok": True, "judged": judged(2.1, 2.0, False)},
+                     {"system": "awa-rust-qs", "ok": True, "judged": judged(0.002, 0.01, True)},
+                     {"system": "awa-pg-qs", "ok": False, "error": "boom"}]}
+    figure = {"median": 1.0, "min": 1.0, "max": 1.0, "n": 1}
+    engines = {"command": "bash bench/run.sh --engines", "started": "now", "meta": meta,
+               "params": {"rounds": 5, "jobs": 20000, "pickups": 100},
+               "summary": {"engines": {e: {k: figure for k in ("jobs_per_s", "wal_bytes_per_job", "pickup_p99_ms",
+                                                                 "pickup_p50_ms")}
+                                       for e in ("canonical", "queue_storage")},
+                           "ratios": {"jobs_per_s": 0.9, "wal_bytes_per_job": 0.5, "pickup_p99_ms": 2.0,
+                                      "pickup_p50_ms": 1.8},
+                           "verdicts": {"jobs_per_s": False, "wal_bytes_per_job": True, "pickup_p99_ms": False}}}
+    for name, data in (("soak.json", soak), ("engines.json", engines)):
+        (tmp_path / name).write_text(json.dumps(data))
+    text = "\n".join(orchestrate.storage_engines_section(str(tmp_path)))
+    assert "`bash bench/run.sh --soak`" in text and "`bash bench/run.sh --engines`" in text
+    assert "| ours, canonical | 1,800,000 | 210.00% **missed** | +200.0% **missed** | 0 met | 900 |" in text
+    assert "| ours, queue storage | 1,800,000 | 0.20% met | +1.0% met | 0 met | 900 |" in text
+    assert "| awa-pg 0.6.9, queue storage | failed: boom |" in text
+    assert "| drain, jobs/s | 1 | 1 | 0.90× | ≥ 1.0× | **missed** |" in text
+    assert "| WAL bytes per job | 1 | 1 | 0.50× | ≤ 0.8× | met |" in text
+    assert "| idle pickup p50, ms | 1.00 | 1.00 | 1.80× |  |  |" in text

@@ -958,7 +958,8 @@ BEGIN
 END $$;
 
 -- Move the lease ring on: the first slot after the current one that holds no lease is
--- truncated (its leases' dead tuples go with it) and becomes current. Returns the current slot.
+-- truncated (its leases' dead tuples go with it) and becomes current, and every other slot
+-- that holds no lease but has rows is truncated too. Returns the current slot.
 -- A slot is locked in a subtransaction and waited for a moment at most (completions lock every
 -- lease slot while they run, and a reader may hold lease slots in any order); a busy or
 -- non-empty slot is released at once and the next one tried.
@@ -971,6 +972,7 @@ RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     st {s}.lease_ring_state;
     i integer;
+    moved integer;
     empty boolean;
     saved_timeout text;
 BEGIN
@@ -985,8 +987,12 @@ BEGIN
     -- Short: while we wait for a slot, every completion and heartbeat that needs it queues
     -- behind us (they scan every lease slot).
     PERFORM set_config('lock_timeout', '10ms', true);
+    -- The first empty slot becomes current; every other empty slot with rows is truncated in
+    -- the same pass, so the dead leases of a turn wait one turn, not a whole trip of the ring.
     FOR k IN 1 .. st.slots - 1 LOOP
         i := (st.current + k) % st.slots;
+        CONTINUE WHEN moved IS NOT NULL
+                      AND pg_relation_size(format('{s}.leases_%s', i)::regclass) = 0;
         BEGIN
             EXECUTE format('LOCK TABLE {s}.leases_%s IN ACCESS EXCLUSIVE MODE', i);
             EXECUTE format('SELECT NOT EXISTS (SELECT 1 FROM {s}.leases_%s)', i) INTO empty;
@@ -1000,15 +1006,16 @@ BEGIN
             IF pg_relation_size(format('{s}.leases_%s', i)::regclass) > 0 THEN
                 EXECUTE format('TRUNCATE {s}.leases_%s', i);
             END IF;
-            UPDATE {s}.lease_ring_state SET current = i;
-            PERFORM set_config('lock_timeout', saved_timeout, true);
-            RETURN i;
+            IF moved IS NULL THEN
+                UPDATE {s}.lease_ring_state SET current = i;
+                moved := i;
+            END IF;
         EXCEPTION WHEN lock_not_available OR deadlock_detected OR SQLSTATE 'AWQ01' THEN
             NULL;
         END;
     END LOOP;
     PERFORM set_config('lock_timeout', saved_timeout, true);
-    RETURN st.current;
+    RETURN coalesce(moved, st.current);
 END $$;
 
 -- Every job the substrate holds, one row each, in canonical's states: what `awa.jobs` will show
