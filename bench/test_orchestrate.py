@@ -216,3 +216,8 @@ def test_the_storage_engines_section_reads_the_soak_and_the_engines_runs(tmp_pat
     assert "| drain, jobs/s | 1 | 1 | 0.90× | ≥ 1.0× | **missed** |" in text
     assert "| WAL bytes per job | 1 | 1 | 0.50× | ≤ 0.8× | met |" in text
     assert "| idle pickup p50, ms | 1.00 | 1.00 | 1.80× |  |  |" in text
+    soak["params"]["duration_s"] = 1200.0
+    (tmp_path / "soak-engines.json").write_text(json.dumps(soak))
+    text = "\n".join(orchestrate.storage_engines_section(str(tmp_path)))
+    assert "[soak-engines.md](soak-engines.md)" in text and "A short run: 1,200 s per system" in text
+    assert "size growth from minute 6.67" in text

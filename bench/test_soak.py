@@ -77,3 +77,17 @@ def test_a_committed_soak_report_is_what_its_json_renders_to() -> None:
     assert data["params"]["duration_s"] >= soak.FULL_DURATION_S
     with open(os.path.splitext(COMMITTED)[0] + ".md") as f:
         assert f.read() == soak.document(data, "soak.png")
+
+
+def test_the_committed_engines_soak_is_what_its_json_renders_to() -> None:
+    """docs/soak-engines.*: the three systems of issue 18 in one run (canonical, queue storage,
+    awa-pg 0.6.9's queue storage), each having run."""
+    path = os.path.join(soak.orchestrate.DOCS, "soak-engines.json")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        data = json.load(f)
+    assert [r["system"] for r in data["runs"]] == ["awa-rust-soak", "awa-rust-qs", "awa-pg-qs"]
+    assert all(r["ok"] for r in data["runs"])
+    with open(os.path.splitext(path)[0] + ".md") as f:
+        assert f.read() == soak.document(data, "soak-engines.png")

@@ -503,3 +503,29 @@ def test_worker_metrics_endpoint_counts_this_process(database_url: str) -> None:
             awa.serve_metrics(object())
 
     asyncio.run(body())
+
+
+def test_a_call_after_the_loop_stopped_is_refused_and_its_coroutine_closed() -> None:
+    """A request that arrives while the server shuts down gets an error, and the coroutine
+    built for it is closed, not left to be collected unawaited (a RuntimeWarning)."""
+    import gc
+    import warnings
+
+    from awa._serve import LoopThread
+
+    runner = LoopThread()
+
+    async def answer() -> int:
+        return 42
+
+    assert runner.run(answer()) == 42
+    runner.stop()
+    coro = answer()
+    with pytest.raises(RuntimeError, match="shutting down"):
+        runner.run(coro)
+    assert coro.cr_frame is None, "the coroutine was closed"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del coro
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]

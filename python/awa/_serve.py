@@ -17,6 +17,7 @@ whose transactions are read-only) every mutation is 503.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import hmac
 import http.server
@@ -105,8 +106,20 @@ class LoopThread:
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
         """Run a coroutine on the loop and wait for it. (A coroutine, not any awaitable: the
         native module's calls need the loop running on the calling thread, so they must only
-        start inside the coroutine.)"""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        start inside the coroutine.)
+
+        A coroutine that can no longer run (the loop has stopped: a request that arrived while
+        the server shut down) is closed rather than left to be collected unawaited, and one
+        that outlives ``timeout`` is cancelled rather than left running."""
+        if not self.loop.is_running():
+            coro.close()
+            raise RuntimeError("the server is shutting down")
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:  # not the builtin one before Python 3.11
+            future.cancel()
+            raise
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)

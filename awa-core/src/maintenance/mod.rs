@@ -206,7 +206,13 @@ async fn lead(
     .min()
     .unwrap_or(Duration::from_millis(250))
     .max(Duration::from_millis(20));
-    let mut last = [Instant::now() - Duration::from_secs(3600); 8];
+    // "Long ago", so every duty is due at the first pass; `Instant` cannot go below the
+    // monotonic clock's origin (a machine up for less than an hour), so then "now" instead
+    // (the duties wait one interval) rather than a panic.
+    let start = Instant::now();
+    let mut last = [start
+        .checked_sub(Duration::from_secs(3600))
+        .unwrap_or(start); 8];
     let mut lease_slot = None;
     let mut cron = crate::cron::evaluate::Ticker::new();
     let Lease { mut conn, mode } = lease;
