@@ -1339,3 +1339,211 @@ async fn priority_aging_lets_an_old_low_priority_lane_go_first() {
         .unwrap();
     assert_eq!(slow[0].priority, 1);
 }
+
+/// The slots `qs_slot_window` tells a claim at `cursor` to open.
+async fn window(db: &TestDb, cursor: i64) -> BTreeSet<i32> {
+    let (lo1, hi1, lo2, hi2): (i32, i32, i32, i32) =
+        sqlx::query_as("SELECT lo1, hi1, lo2, hi2 FROM awa_qs.qs_slot_window($1)")
+            .bind(cursor)
+            .fetch_one(db.pool.pool())
+            .await
+            .unwrap();
+    (lo1..=hi1).chain(lo2..=hi2).collect()
+}
+
+async fn seal(db: &TestDb, slot: i32) -> Option<i64> {
+    sqlx::query_scalar("SELECT seal_seq FROM awa_qs.queue_ring_slots WHERE slot = $1")
+        .bind(slot)
+        .fetch_one(db.pool.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_claim_opens_the_slots_past_its_cursor_and_finds_what_is_in_them() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let (queue, priority) = LANE;
+    assert_eq!(
+        window(&db, 0).await,
+        BTreeSet::from([0]),
+        "empty slots are not opened"
+    );
+
+    // Slot 0: one job claimed, one left waiting; the ring moves on to slot 1.
+    let ids = qs
+        .enqueue(db.pool.pool(), &jobs(queue, priority, 2, "a"))
+        .await
+        .unwrap();
+    let first = qs.claim(&db.pool, queue, priority, 1).await.unwrap();
+    assert_eq!(first.len(), 1);
+    let r = qs
+        .rotate(&db.pool, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(r.queue_slot, Some(1));
+    let sealed = seal(&db, 0)
+        .await
+        .expect("slot 0 is sealed once the ring left it");
+    assert_eq!(seal(&db, 1).await, None, "the current slot is open");
+    let seqs: Vec<i64> = sqlx::query_scalar("SELECT seq FROM awa_qs.ready_entries_0 ORDER BY seq")
+        .fetch_all(db.pool.pool())
+        .await
+        .unwrap();
+    assert!(
+        seqs.iter().all(|s| *s <= sealed),
+        "{seqs:?} above the seal {sealed}"
+    );
+    // A cursor at or below the seal opens slot 0 too; one past it opens the current slot only.
+    assert_eq!(window(&db, sealed).await, BTreeSet::from([0, 1]));
+    assert_eq!(window(&db, sealed + 1).await, BTreeSet::from([1]));
+
+    // Slot 1: a job; the waiting job of slot 0 is still claimed (its lane's cursor is at or
+    // below it), before the newer one.
+    let later = qs
+        .enqueue(db.pool.pool(), &jobs(queue, priority, 1, "b"))
+        .await
+        .unwrap();
+    let got = qs.claim(&db.pool, queue, priority, 10).await.unwrap();
+    assert_eq!(
+        got.iter().map(|c| c.id).collect::<Vec<_>>(),
+        vec![ids[1], later[0]]
+    );
+
+    // Around the ring (slots 2, 3, then 0 again once reclaimed): the window wraps the ring's
+    // end and still finds every job.
+    let mut all = Vec::new();
+    for round in 0..6 {
+        all.extend(
+            qs.enqueue(db.pool.pool(), &jobs(queue, priority, 1, "c"))
+                .await
+                .unwrap(),
+        );
+        qs.rotate(&db.pool, Duration::ZERO).await.unwrap();
+        if round % 2 == 1 {
+            let got = qs.claim(&db.pool, queue, priority, 10).await.unwrap();
+            let want: Vec<i64> = all.drain(..).collect();
+            assert_eq!(
+                got.iter().map(|c| c.id).collect::<Vec<_>>(),
+                want,
+                "round {round}"
+            );
+        }
+    }
+    let generation: i64 = sqlx::query_scalar("SELECT generation FROM awa_qs.queue_ring_state")
+        .fetch_one(db.pool.pool())
+        .await
+        .unwrap();
+    assert!(
+        generation > 4,
+        "the ring went round (generation {generation})"
+    );
+}
+
+#[tokio::test]
+async fn a_rotation_waits_for_every_producer_of_the_slot_it_seals() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let (queue, priority) = LANE;
+    qs.enqueue(db.pool.pool(), &jobs(queue, priority, 1, "a"))
+        .await
+        .unwrap();
+
+    // A producer that read the current slot holds the ring: no rotation until it ends.
+    let mut open = db.pool.begin().await.unwrap();
+    let held = qs
+        .enqueue(&mut *open, &jobs(queue, priority, 1, "held"))
+        .await
+        .unwrap();
+    let r = qs
+        .rotate(&db.pool, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(r.queue_slot, None, "the ring moved under an open producer");
+    assert_eq!(seal(&db, 0).await, None);
+    open.commit().await.unwrap();
+
+    let r = qs
+        .rotate(&db.pool, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(r.queue_slot, Some(1));
+    let held_seq: i64 = sqlx::query_scalar("SELECT seq FROM awa_qs.ready_entries WHERE id = $1")
+        .bind(held[0])
+        .fetch_one(db.pool.pool())
+        .await
+        .unwrap();
+    assert!(seal(&db, 0).await.expect("sealed") >= held_seq);
+
+    // A READ COMMITTED producer whose transaction began before the rotation appends to the
+    // new slot.
+    let mut rc = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1").execute(&mut *rc).await.unwrap();
+    assert_eq!(
+        qs.rotate(&db.pool, Duration::from_secs(3600))
+            .await
+            .unwrap()
+            .queue_slot,
+        Some(2)
+    );
+    let rc_ids = qs
+        .enqueue(&mut *rc, &jobs(queue, priority, 1, "rc"))
+        .await
+        .unwrap();
+    rc.commit().await.unwrap();
+    let slot: i32 = sqlx::query_scalar("SELECT slot FROM awa_qs.ready_entries WHERE id = $1")
+        .bind(rc_ids[0])
+        .fetch_one(db.pool.pool())
+        .await
+        .unwrap();
+    assert_eq!(slot, 2);
+
+    // A REPEATABLE READ producer whose snapshot predates a rotation cannot append to the
+    // slot it still sees as current: a serialization failure, nothing written.
+    let mut rr = db.pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *rr)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1").execute(&mut *rr).await.unwrap();
+    assert_eq!(
+        qs.rotate(&db.pool, Duration::from_secs(3600))
+            .await
+            .unwrap()
+            .queue_slot,
+        Some(3)
+    );
+    let refused = qs
+        .enqueue(&mut *rr, &jobs(queue, priority, 1, "rr"))
+        .await
+        .expect_err("appended to a sealed slot");
+    let code = match &refused {
+        AwaError::Database(e) => e
+            .as_database_error()
+            .and_then(|d| d.code())
+            .map(|c| c.to_string()),
+        _ => None,
+    };
+    assert_eq!(code.as_deref(), Some("40001"), "{refused:?}");
+    rr.rollback().await.unwrap();
+    // A REPEATABLE READ producer that began after the rotation appends as usual.
+    let mut rr = db.pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *rr)
+        .await
+        .unwrap();
+    let rr_ids = qs
+        .enqueue(&mut *rr, &jobs(queue, priority, 1, "rr"))
+        .await
+        .unwrap();
+    rr.commit().await.unwrap();
+
+    let claimed = qs.claim(&db.pool, queue, priority, 10).await.unwrap();
+    let mut want = vec![held[0], rc_ids[0], rr_ids[0]];
+    want.sort();
+    let mut got: Vec<i64> = claimed.iter().map(|c| c.id).collect();
+    got.retain(|id| want.contains(id));
+    got.sort();
+    assert_eq!(got, want);
+    assert_eq!(claimed.len(), 4, "the first job, then the three producers'");
+}

@@ -1,5 +1,6 @@
 //! Twin of `correctness/storage/AwaQueueRotation.tla` (queue-storage rotation:
-//! a ring of queue slots with carry-forward reclaim, a ring of lease slots).
+//! a ring of queue slots with carry-forward reclaim and slot pruning by seals,
+//! a ring of lease slots).
 //!
 //! Every type, action and invariant below has the name of its TLA+ counterpart,
 //! and every action's guard and effect follow the TLA+ definition clause by
@@ -36,6 +37,9 @@ pub const ONLY_OPEN_LEASE_COMPLETES: &str = "OnlyOpenLeaseCompletes";
 /// `OnePlacePerJob`: every inserted job is in exactly one place. Checked in the
 /// positive configuration only (see `NothingLost` in the `.tla`).
 pub const ONE_PLACE_PER_JOB: &str = "OnePlacePerJob";
+/// `SealHolds`: the current slot is open and every entry of a sealed slot is
+/// below its seal. Checked in the positive configuration only (see the `.tla`).
+pub const SEAL_HOLDS: &str = "SealHolds";
 
 /// The five invariants every configuration checks, in the order the `.cfg`
 /// files list them. Each seeded bug violates exactly one of them.
@@ -48,7 +52,7 @@ pub const INVARIANTS: [&str; 5] = [
 ];
 
 /// Invariants only the positive configuration checks.
-pub const POSITIVE_INVARIANTS: [&str; 1] = [ONE_PLACE_PER_JOB];
+pub const POSITIVE_INVARIANTS: [&str; 2] = [ONE_PLACE_PER_JOB, SEAL_HOLDS];
 
 /// TLC's deadlock check: every reachable state is `Quiescent` or has a
 /// successor. Twin-only name; TLC checks it by default.
@@ -56,17 +60,19 @@ pub const DEADLOCK_FREE: &str = "DeadlockFree";
 
 /// Reachability witnesses: the correct protocol must reach each, so the
 /// invariants do not pass vacuously. Same names as the TLA+ definitions.
-pub const WITNESSES: [&str; 6] = [
+pub const WITNESSES: [&str; 7] = [
     "WitnessRingWrapped",
     "WitnessCarryUnconsumed",
     "WitnessCarryRunning",
     "WitnessLateCommitClaimed",
     "WitnessZombieRejected",
     "WitnessLeaseSlotReclaimed",
+    "WitnessClaimPruned",
 ];
 
 /// The TLA+ action names, in the order `Next` lists them.
-pub const ACTIONS: [&str; 15] = [
+pub const ACTIONS: [&str; 16] = [
+    "ReadSlot",
     "BeginAppend",
     "CommitAppend",
     "AbortAppend",
@@ -87,7 +93,7 @@ pub const ACTIONS: [&str; 15] = [
 // ---------------------------------------------------------------------------
 // Variants (the TLA+ constant `Variant`).
 
-/// The correct protocol or one of the five seeded bugs.
+/// The correct protocol or one of the six seeded bugs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Variant {
     /// The rotation protocol. Violates nothing.
@@ -107,26 +113,34 @@ pub enum Variant {
     /// A completion deletes the job's open lease whatever its `k`, so a zombie
     /// completes the job its successor runs. Violates `OnlyOpenLeaseCompletes`.
     CompleteWithoutLeaseGuard,
+    /// `RotateQueue` seals the current slot without the ring's lock, so a
+    /// producer that read the slot appends at or past its seal, and the cursor
+    /// passes the entry once claims stop opening the slot. Violates
+    /// `CursorNeverPassesWork` (and `SealHolds`, checked by the positive
+    /// configuration only).
+    SealWithoutRingLock,
 }
 
 impl Variant {
     /// Every variant, the correct one first.
-    pub const ALL: [Variant; 6] = [
+    pub const ALL: [Variant; 7] = [
         Variant::Correct,
         Variant::ReclaimWithoutCarryForward,
         Variant::ReclaimUnderOpenLease,
         Variant::CarryForwardInTwoSteps,
         Variant::CursorSkipsPending,
         Variant::CompleteWithoutLeaseGuard,
+        Variant::SealWithoutRingLock,
     ];
 
-    /// The five seeded bugs.
-    pub const NEGATIVE: [Variant; 5] = [
+    /// The six seeded bugs.
+    pub const NEGATIVE: [Variant; 6] = [
         Variant::ReclaimWithoutCarryForward,
         Variant::ReclaimUnderOpenLease,
         Variant::CarryForwardInTwoSteps,
         Variant::CursorSkipsPending,
         Variant::CompleteWithoutLeaseGuard,
+        Variant::SealWithoutRingLock,
     ];
 
     /// The value of the TLA+ constant `Variant`.
@@ -138,6 +152,7 @@ impl Variant {
             Variant::CarryForwardInTwoSteps => "CarryForwardInTwoSteps",
             Variant::CursorSkipsPending => "CursorSkipsPending",
             Variant::CompleteWithoutLeaseGuard => "CompleteWithoutLeaseGuard",
+            Variant::SealWithoutRingLock => "SealWithoutRingLock",
         }
     }
 
@@ -150,6 +165,7 @@ impl Variant {
             Variant::CarryForwardInTwoSteps => Some(ONE_CLAIM_PER_LEASE),
             Variant::CursorSkipsPending => Some(CURSOR_NEVER_PASSES_WORK),
             Variant::CompleteWithoutLeaseGuard => Some(ONLY_OPEN_LEASE_COMPLETES),
+            Variant::SealWithoutRingLock => Some(CURSOR_NEVER_PASSES_WORK),
         }
     }
 
@@ -164,6 +180,7 @@ impl Variant {
             Variant::CarryForwardInTwoSteps => "AwaQueueRotation_CarryForwardInTwoSteps.cfg",
             Variant::CursorSkipsPending => "AwaQueueRotation_CursorSkipsPending.cfg",
             Variant::CompleteWithoutLeaseGuard => "AwaQueueRotation_CompleteWithoutLeaseGuard.cfg",
+            Variant::SealWithoutRingLock => "AwaQueueRotation_SealWithoutRingLock.cfg",
         }
     }
 }
@@ -188,6 +205,43 @@ impl fmt::Debug for Entry {
             f,
             "[job |-> {}, slot |-> {}, gen |-> {}, seq |-> {}, k |-> {}]",
             self.job, self.slot, self.gen, self.seq, self.k
+        )
+    }
+}
+
+/// A queue slot's seal (`Seals`): `Open` (the model value; SQL `NULL`) while
+/// the slot is current, else `Bound(b)`: every entry of the slot has a seq
+/// below `b` (0: truncated, opened by no claim).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Seal {
+    Open,
+    Bound(u8),
+}
+
+impl fmt::Debug for Seal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Seal::Open => f.write_str("Open"),
+            Seal::Bound(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+/// `ReaderRec`: a producer holding the ring's lock that read the current slot
+/// and its generation, and has not drawn its seq yet.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Reader {
+    pub job: u8,
+    pub slot: u8,
+    pub gen: u8,
+}
+
+impl fmt::Debug for Reader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "[job |-> {}, slot |-> {}, gen |-> {}]",
+            self.job, self.slot, self.gen
         )
     }
 }
@@ -259,18 +313,21 @@ pub enum Event {
     LateClaim,
     ZombieRejected,
     LeaseReclaimed,
+    PrunedClaim,
 }
 
-/// The TLA+ variables. `qgen` has room for [`MAX_QUEUE_SLOTS`] slots; slots
-/// past `queue_slots` stay 0 and are never read.
+/// The TLA+ variables. `qgen` and `seal` have room for [`MAX_QUEUE_SLOTS`]
+/// slots; slots past `queue_slots` stay 0 and are never read.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct State {
     pub qcur: u8,
     pub qgen: [u8; MAX_QUEUE_SLOTS],
+    pub seal: [Seal; MAX_QUEUE_SLOTS],
     pub lcur: u8,
     pub ldirty: Set<u8>,
     pub next_seq: u8,
     pub cursor: u8,
+    pub readers: Set<Reader>,
     pub pending: Set<Entry>,
     pub entries: Set<Entry>,
     pub consumed: Set<u8>,
@@ -297,6 +354,19 @@ impl State {
     /// `Unconsumed(e)`.
     fn unconsumed(&self, e: &Entry) -> bool {
         !self.consumed.contains(&e.seq)
+    }
+
+    /// `Eligible(s)`: a claim opens slot `s`.
+    pub fn eligible(&self, s: u8) -> bool {
+        match self.seal[usize::from(s)] {
+            Seal::Open => true,
+            Seal::Bound(b) => b > self.cursor,
+        }
+    }
+
+    /// `RingLockFree`: no producer holds the ring's lock.
+    fn ring_lock_free(&self) -> bool {
+        self.readers.is_empty() && self.pending.is_empty()
     }
 
     /// `QSlotEmpty(s)`.
@@ -355,6 +425,7 @@ impl State {
             .filter(|r| r.slot != s)
             .collect();
         self.qgen[usize::from(s)] += 1;
+        self.seal[usize::from(s)] = Seal::Bound(0);
     }
 
     // -- Invariants ---------------------------------------------------------
@@ -406,6 +477,17 @@ impl State {
         })
     }
 
+    /// `SealHolds` (positive configuration only).
+    pub fn seal_holds(&self) -> bool {
+        self.seal[usize::from(self.qcur)] == Seal::Open
+            && self.entries.iter().chain(self.pending.iter()).all(|e| {
+                match self.seal[usize::from(e.slot)] {
+                    Seal::Open => true,
+                    Seal::Bound(b) => e.seq < b,
+                }
+            })
+    }
+
     // -- Witnesses ----------------------------------------------------------
 
     /// `WitnessRingWrapped`.
@@ -425,8 +507,11 @@ impl State {
 /// The disjuncts of `Next` (the stuttering `Quiescent` step needs no twin).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Action {
-    BeginAppend {
+    ReadSlot {
         job: u8,
+    },
+    BeginAppend {
+        r: Reader,
     },
     CommitAppend {
         p: Entry,
@@ -471,6 +556,7 @@ impl Action {
     /// The TLA+ action name.
     pub const fn name(&self) -> &'static str {
         match self {
+            Action::ReadSlot { .. } => "ReadSlot",
             Action::BeginAppend { .. } => "BeginAppend",
             Action::CommitAppend { .. } => "CommitAppend",
             Action::AbortAppend { .. } => "AbortAppend",
@@ -495,7 +581,8 @@ impl fmt::Debug for Action {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name = self.name();
         match self {
-            Action::BeginAppend { job } => write!(f, "{name}({job})"),
+            Action::ReadSlot { job } => write!(f, "{name}({job})"),
+            Action::BeginAppend { r } => write!(f, "{name}({r:?})"),
             Action::CommitAppend { p } | Action::AbortAppend { p } => write!(f, "{name}({p:?})"),
             Action::Claim | Action::AdvanceCursor | Action::RotateQueue | Action::RotateLease => {
                 f.write_str(name)
@@ -542,7 +629,8 @@ impl AwaQueueRotation {
 
     /// `Quiescent`'s guard: `NothingInFlight \/ SeqBoundReached`.
     pub fn quiescent(&self, s: &State) -> bool {
-        let nothing_in_flight = s.pending.is_empty()
+        let nothing_in_flight = s.readers.is_empty()
+            && s.pending.is_empty()
             && s.entries.iter().all(|e| !s.unconsumed(e))
             && s.leases.is_empty()
             && s.deferred.is_empty();
@@ -566,9 +654,13 @@ impl AwaQueueRotation {
             .any(|action| self.next_state(s, action).is_some())
     }
 
-    /// `StablePoint`.
+    /// `StablePoint`: what a claim sees (the entries of the slots it opens).
     fn stable_point(&self, s: &State) -> u8 {
-        let entries = s.entries.iter().filter(|e| s.unconsumed(e)).map(|e| e.seq);
+        let entries = s
+            .entries
+            .iter()
+            .filter(|e| s.unconsumed(e) && s.eligible(e.slot))
+            .map(|e| e.seq);
         let pending = s
             .pending
             .iter()
@@ -618,18 +710,33 @@ impl AwaQueueRotation {
 
     // One function per TLA+ action: `None` when the action is not enabled.
 
-    fn begin_append(&self, s: &State, j: u8) -> Option<State> {
+    fn read_slot(&self, s: &State, j: u8) -> Option<State> {
         if s.inserted.contains(&j)
+            || s.readers.iter().any(|r| r.job == j)
             || s.pending.iter().any(|p| p.job == j)
             || s.next_seq >= self.max_seq
         {
             return None;
         }
         let mut n = s.clone();
-        n.pending.insert(Entry {
+        n.readers.insert(Reader {
             job: j,
             slot: s.qcur,
             gen: s.qgen[usize::from(s.qcur)],
+        });
+        Some(n)
+    }
+
+    fn begin_append(&self, s: &State, r: Reader) -> Option<State> {
+        if !s.readers.contains(&r) || s.next_seq >= self.max_seq {
+            return None;
+        }
+        let mut n = s.clone();
+        n.readers.remove(&r);
+        n.pending.insert(Entry {
+            job: r.job,
+            slot: r.slot,
+            gen: r.gen,
             seq: s.next_seq,
             k: 1,
         });
@@ -661,7 +768,7 @@ impl AwaQueueRotation {
         let e = *s
             .entries
             .iter()
-            .filter(|e| s.unconsumed(e) && e.seq >= s.cursor)
+            .filter(|e| s.unconsumed(e) && e.seq >= s.cursor && s.eligible(e.slot))
             .min_by_key(|e| e.seq)?;
         let mut n = s.clone();
         n.consumed.insert(e.seq);
@@ -678,6 +785,11 @@ impl AwaQueueRotation {
         n.dup_claim = s.dup_claim || s.claimed.contains(&(e.job, e.k));
         if s.consumed.iter().any(|&c| c > e.seq) {
             n.events.insert(Event::LateClaim);
+        }
+        if (0..self.queue_slots)
+            .any(|slot| !s.eligible(slot) && s.entries.iter().any(|x| x.slot == slot))
+        {
+            n.events.insert(Event::PrunedClaim);
         }
         Some(n)
     }
@@ -765,11 +877,16 @@ impl AwaQueueRotation {
 
     fn rotate_queue(&self, s: &State) -> Option<State> {
         let next = (s.qcur + 1) % self.queue_slots;
-        if s.qslot_empty(s.qcur) || !s.qslot_empty(next) {
+        if s.qslot_empty(s.qcur)
+            || !s.qslot_empty(next)
+            || (self.variant != Variant::SealWithoutRingLock && !s.ring_lock_free())
+        {
             return None;
         }
         let mut n = s.clone();
         n.qcur = next;
+        n.seal[usize::from(s.qcur)] = Seal::Bound(s.next_seq);
+        n.seal[usize::from(next)] = Seal::Open;
         Some(n)
     }
 
@@ -867,13 +984,17 @@ impl Model for AwaQueueRotation {
                 && self.max_seq >= 1,
             "constants out of range: {self:?}"
         );
+        let mut seal = [Seal::Bound(0); MAX_QUEUE_SLOTS];
+        seal[0] = Seal::Open;
         vec![State {
             qcur: 0,
             qgen: [0; MAX_QUEUE_SLOTS],
+            seal,
             lcur: 0,
             ldirty: Set::new(),
             next_seq: 0,
             cursor: 0,
+            readers: Set::new(),
             pending: Set::new(),
             entries: Set::new(),
             consumed: Set::new(),
@@ -893,7 +1014,10 @@ impl Model for AwaQueueRotation {
 
     fn actions(&self, s: &State, actions: &mut Vec<Action>) {
         for job in 1..=self.jobs {
-            actions.push(Action::BeginAppend { job });
+            actions.push(Action::ReadSlot { job });
+        }
+        for &r in &s.readers {
+            actions.push(Action::BeginAppend { r });
         }
         for &p in &s.pending {
             actions.push(Action::CommitAppend { p });
@@ -928,7 +1052,8 @@ impl Model for AwaQueueRotation {
 
     fn next_state(&self, s: &State, action: Action) -> Option<State> {
         match action {
-            Action::BeginAppend { job } => self.begin_append(s, job),
+            Action::ReadSlot { job } => self.read_slot(s, job),
+            Action::BeginAppend { r } => self.begin_append(s, r),
             Action::CommitAppend { p } => self.commit_append(s, p),
             Action::AbortAppend { p } => self.abort_append(s, p),
             Action::Claim => self.claim(s),
@@ -958,6 +1083,7 @@ impl Model for AwaQueueRotation {
                 s.only_open_lease_completes()
             }),
             Property::always(ONE_PLACE_PER_JOB, |_, s: &State| s.one_place_per_job()),
+            Property::always(SEAL_HOLDS, |_, s: &State| s.seal_holds()),
             Property::always(DEADLOCK_FREE, |m: &Self, s: &State| {
                 m.quiescent(s) || m.can_step(s)
             }),
@@ -973,6 +1099,7 @@ impl Model for AwaQueueRotation {
             Property::sometimes(WITNESSES[5], |_, s: &State| {
                 s.happened(Event::LeaseReclaimed)
             }),
+            Property::sometimes(WITNESSES[6], |_, s: &State| s.happened(Event::PrunedClaim)),
         ]
     }
 }
@@ -986,13 +1113,20 @@ mod tests {
     }
 
     fn run(model: &AwaQueueRotation, actions: &[Action]) -> State {
-        let mut s = model.init_states().remove(0);
+        run_from(model, model.init_states().remove(0), actions)
+    }
+
+    fn run_from(model: &AwaQueueRotation, mut s: State, actions: &[Action]) -> State {
         for &action in actions {
             s = model
                 .next_state(&s, action)
                 .unwrap_or_else(|| panic!("{action:?} is not enabled in {s:?}"));
         }
         s
+    }
+
+    fn reader(job: u8, slot: u8, gen: u8) -> Reader {
+        Reader { job, slot, gen }
     }
 
     fn entry(job: u8, slot: u8, gen: u8, seq: u8, k: u8) -> Entry {
@@ -1014,7 +1148,122 @@ mod tests {
         assert!(s.cursor_never_passes_work());
         assert!(s.only_open_lease_completes());
         assert!(s.one_place_per_job());
+        assert!(s.seal_holds());
         assert!(model().quiescent(&s) && model().can_step(&s));
+    }
+
+    #[test]
+    fn rotation_waits_for_the_ring_lock_and_seals_the_slot_it_leaves() {
+        let m = model();
+        let s = run(
+            &m,
+            &[
+                Action::ReadSlot { job: 1 },
+                Action::BeginAppend { r: reader(1, 0, 0) },
+                Action::CommitAppend {
+                    p: entry(1, 0, 0, 0, 1),
+                },
+                Action::ReadSlot { job: 2 },
+            ],
+        );
+        // Job 2's producer has read slot 0: the rotation waits for it.
+        assert!(m.next_state(&s, Action::RotateQueue).is_none());
+        let s = m
+            .next_state(&s, Action::BeginAppend { r: reader(2, 0, 0) })
+            .expect("begin");
+        assert!(m.next_state(&s, Action::RotateQueue).is_none());
+        let s = m
+            .next_state(
+                &s,
+                Action::CommitAppend {
+                    p: entry(2, 0, 0, 1, 1),
+                },
+            )
+            .expect("commit");
+        let s = m.next_state(&s, Action::RotateQueue).expect("rotate");
+        assert_eq!(s.seal[..2], [Seal::Bound(2), Seal::Open]);
+        assert!(s.seal_holds() && s.eligible(0) && s.eligible(1));
+
+        // Claim both, move the cursor to 2: slot 0 is no longer opened.
+        let s = run_from(
+            &m,
+            s,
+            &[Action::Claim, Action::Claim, Action::AdvanceCursor],
+        );
+        assert_eq!(s.cursor, 2);
+        assert!(!s.eligible(0) && s.eligible(1) && s.seal_holds());
+    }
+
+    #[test]
+    fn a_claim_skips_a_sealed_slot_below_the_cursor() {
+        let m = model();
+        let s = run(
+            &m,
+            &[
+                Action::ReadSlot { job: 1 },
+                Action::BeginAppend { r: reader(1, 0, 0) },
+                Action::CommitAppend {
+                    p: entry(1, 0, 0, 0, 1),
+                },
+                Action::Claim,
+                Action::AdvanceCursor,
+                Action::RotateQueue,
+                Action::ReadSlot { job: 2 },
+                Action::BeginAppend { r: reader(2, 1, 0) },
+                Action::CommitAppend {
+                    p: entry(2, 1, 0, 1, 1),
+                },
+                Action::Claim,
+            ],
+        );
+        assert_eq!(s.seal[..2], [Seal::Bound(1), Seal::Open]);
+        assert!(!s.eligible(0) && s.happened(Event::PrunedClaim));
+        assert!(s.seal_holds() && s.cursor_never_passes_work());
+        // Reclaiming slot 0 carries job 1's running entry and seals the slot at 0.
+        let s = m
+            .next_state(&s, Action::ReclaimQueue { s: 0 })
+            .expect("reclaim");
+        assert_eq!(s.seal[0], Seal::Bound(0));
+        assert!(s.seal_holds() && s.lease_has_entry());
+    }
+
+    #[test]
+    fn without_the_ring_lock_a_reader_appends_past_the_seal() {
+        let m = AwaQueueRotation::new(Variant::SealWithoutRingLock);
+        let s = run(
+            &m,
+            &[
+                Action::ReadSlot { job: 1 },
+                Action::ReadSlot { job: 2 },
+                Action::BeginAppend { r: reader(1, 0, 0) },
+                Action::RotateQueue,
+                Action::BeginAppend { r: reader(2, 0, 0) },
+                Action::AbortAppend {
+                    p: entry(1, 0, 0, 0, 1),
+                },
+                Action::CommitAppend {
+                    p: entry(2, 0, 0, 1, 1),
+                },
+            ],
+        );
+        assert_eq!(s.seal[0], Seal::Bound(1));
+        assert!(!s.seal_holds() && s.cursor_never_passes_work());
+        let s = run_from(&m, s, &[Action::AdvanceCursor]);
+        assert!(s.cursor == 1 && !s.eligible(0) && s.cursor_never_passes_work());
+        let s = run_from(&m, s, &[Action::AdvanceCursor]);
+        assert_eq!(s.cursor, 2);
+        assert!(!s.cursor_never_passes_work() && s.nothing_lost());
+        // The correct rotation waits for both producers.
+        let correct = model();
+        let waiting = run(
+            &correct,
+            &[
+                Action::ReadSlot { job: 1 },
+                Action::ReadSlot { job: 2 },
+                Action::BeginAppend { r: reader(1, 0, 0) },
+            ],
+        );
+        assert!(correct.next_state(&waiting, Action::RotateQueue).is_none());
     }
 
     #[test]
@@ -1023,7 +1272,8 @@ mod tests {
         let s = run(
             &m,
             &[
-                Action::BeginAppend { job: 1 },
+                Action::ReadSlot { job: 1 },
+                Action::BeginAppend { r: reader(1, 0, 0) },
                 Action::CommitAppend {
                     p: entry(1, 0, 0, 0, 1),
                 },
@@ -1047,7 +1297,8 @@ mod tests {
         let before = run(
             &m,
             &[
-                Action::BeginAppend { job: 1 },
+                Action::ReadSlot { job: 1 },
+                Action::BeginAppend { r: reader(1, 0, 0) },
                 Action::CommitAppend {
                     p: entry(1, 0, 0, 0, 1),
                 },
@@ -1099,6 +1350,7 @@ mod tests {
     fn action_names_match_the_list() {
         let m = AwaQueueRotation::new(Variant::CarryForwardInTwoSteps);
         let mut s = m.init_states().remove(0);
+        s.readers.insert(reader(1, 0, 0));
         s.pending.insert(entry(2, 0, 0, 1, 1));
         s.leases.insert(Lease {
             job: 1,

@@ -21,10 +21,15 @@ CREATE TABLE {s}.queue_ring_state (
     slots      integer NOT NULL,
     generation bigint  NOT NULL
 );
+-- `seal_seq`: NULL while the slot is current; once the ring has moved past it, a seq no entry
+-- of the slot is above (the rotation's `qs_seq` value: no producer can append to a slot that
+-- is no longer current, see `qs_current_slot`); -1 while it is empty (never used, or
+-- reclaimed). A claim reads only the slots whose entries can be at or past its cursor.
 CREATE TABLE {s}.queue_ring_slots (
     slot       integer PRIMARY KEY,
     generation bigint  NOT NULL,
-    opened_at  timestamptz
+    opened_at  timestamptz,
+    seal_seq   bigint
 );
 CREATE TABLE {s}.lease_ring_state (
     singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -172,12 +177,56 @@ END $$;
 CREATE TRIGGER qs_hold_xid BEFORE INSERT ON {s}.ready_entries
     FOR EACH STATEMENT EXECUTE FUNCTION {s}.qs_hold_xid();
 
--- The current queue slot and its generation (a producer appends there).
-CREATE FUNCTION {s}.qs_current_slot(OUT slot integer, OUT generation bigint)
-LANGUAGE sql STABLE AS $$
-    SELECT r.current, s.generation FROM {s}.queue_ring_state r
-    JOIN {s}.queue_ring_slots s ON s.slot = r.current
+-- The ring's lock: every writer of ready entries holds it shared from before it reads the
+-- current slot until it commits (`qs_current_slot`); a rotation takes it exclusively, so once it
+-- has it, no transaction that could still append to the slot it closes is running, and none
+-- can start appending there after it commits. That makes a closed slot's seq bound final.
+CREATE FUNCTION {s}.qs_ring_lock_shared() RETURNS void LANGUAGE sql AS $$
+    SELECT pg_advisory_xact_lock_shared(hashtext('awa.qs_ring'), hashtext('{s}'))
 $$;
+
+-- The current queue slot and its generation (a producer appends there, and only there).
+-- Taken under the ring's shared lock, read in a statement of its own (under READ COMMITTED a
+-- new snapshot, which sees every rotation that committed before the lock was granted). A
+-- REPEATABLE READ or SERIALIZABLE transaction keeps its first snapshot, which may predate a
+-- rotation: it locks the ring's row, which fails with a serialization error (40001) when a
+-- rotation changed it after that snapshot, so it never appends to a closed slot.
+CREATE FUNCTION {s}.qs_current_slot(OUT slot integer, OUT generation bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM {s}.qs_ring_lock_shared();
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM 1 FROM {s}.queue_ring_state FOR KEY SHARE;
+    END IF;
+    SELECT r.current, s.generation INTO slot, generation FROM {s}.queue_ring_state r
+    JOIN {s}.queue_ring_slots s ON s.slot = r.current;
+END $$;
+
+-- The slots a reader of a lane at p_cursor must open, as up to two ranges of slot numbers (a
+-- range wraps the ring's end): from the oldest slot whose entries can be at or past p_cursor
+-- to the current one. Written as ranges of plain values so that a generic plan prunes the
+-- other slots' partitions at executor start-up (`slot = ANY(array)` would not prune), and the
+-- claim neither locks nor opens them: each opened partition costs a claim about 25 us.
+CREATE FUNCTION {s}.qs_slot_window(p_cursor bigint, OUT lo1 integer, OUT hi1 integer,
+                                   OUT lo2 integer, OUT hi2 integer)
+LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    cur integer;
+    n integer;
+    back integer;
+BEGIN
+    SELECT r.current, r.slots INTO cur, n FROM {s}.queue_ring_state r;
+    SELECT coalesce(max((cur - s.slot + n) % n), 0) INTO back
+    FROM {s}.queue_ring_slots s
+    WHERE s.slot = cur OR s.seal_seq IS NULL OR s.seal_seq >= p_cursor;
+    IF cur - back >= 0 THEN
+        lo1 := cur - back; hi1 := cur; lo2 := 1; hi2 := 0;
+    ELSE
+        lo1 := 0; hi1 := cur; lo2 := cur - back + n; hi2 := n - 1;
+    END IF;
+END $$;
 
 -- Insert jobs, one per element of the parallel arrays (validated by the caller, as every
 -- insert path validates): a job due now (run_at NULL or not after now()) is a ready entry in
@@ -331,6 +380,7 @@ DECLARE
     v_picked {s}.ready_entries[];
     n_picked integer;
     max_seq  bigint;
+    w record;
 BEGIN
     -- Lock order, everywhere: leases, then a queue slot's tables (reclaim_queue takes leases in
     -- EXCLUSIVE mode before its slot; a claim must not hold a slot's lock while it waits). The
@@ -340,8 +390,13 @@ BEGIN
     -- Lanes are created by claimers, never by producers: a producer that created one would make
     -- every other producer of the lane wait for its commit (ON CONFLICT waits on an insert in
     -- progress).
-    INSERT INTO {s}.lanes (queue, priority) VALUES (p_queue, p_priority) ON CONFLICT DO NOTHING;
+    -- (Looked up first: an insert attempt on every claim costs a speculative insertion.)
     SELECT * INTO lane FROM {s}.lanes l WHERE l.queue = p_queue AND l.priority = p_priority FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO {s}.lanes (queue, priority) VALUES (p_queue, p_priority) ON CONFLICT DO NOTHING;
+        SELECT * INTO lane FROM {s}.lanes l
+        WHERE l.queue = p_queue AND l.priority = p_priority FOR UPDATE;
+    END IF;
     -- A new statement, so a new snapshot: it sees every claim that committed while we waited.
     IF lane.cand_xmax <= pg_snapshot_xmin(pg_current_snapshot()) THEN
         lane.stable_seq := greatest(lane.stable_seq, lane.cand_seq);
@@ -356,22 +411,32 @@ BEGIN
         END IF;
     END IF;
     SELECT r.current INTO lslot FROM {s}.lease_ring_state r;
+    -- The slots that can hold entries at or past the cursor. Read after the stable point was
+    -- confirmed (a later snapshot): an entry at or below it sits in a slot this sees; an entry
+    -- in a slot that becomes current after this read drew its seq after the stable point, so
+    -- the cursor placed below never passes it.
+    SELECT * INTO w FROM {s}.qs_slot_window(lane.cursor);
 
     -- The lowest committed unclaimed entries at or above the cursor, whole: the one statement
-    -- that reads every slot of the lane (each statement over the partitioned tables opens an
-    -- index scan per slot, which is most of a claim's cost), so the inserts below read nothing.
+    -- that reads the lane's slots (each statement over the partitioned tables opens an index
+    -- scan per slot it may read, which is most of a claim's cost), so the inserts below read
+    -- nothing. Each candidate is probed in its own slot's claimed entries (a claimed entry
+    -- shares its entry's slot): a nested probe per candidate, not an anti-join, whose plan a
+    -- generic plan's estimates could turn into a scan of every claimed entry per candidate.
     SELECT coalesce(array_agg(p.e ORDER BY p.seq), '{}'), count(*), max(p.seq)
     INTO v_picked, n_picked, max_seq
     FROM (
         SELECT e, e.seq
         FROM {s}.ready_entries e
-        WHERE e.queue = p_queue AND e.priority = p_priority AND e.seq >= lane.cursor
-          -- `c.seq >= lane.cursor` is implied by `c.seq = e.seq`, but said for the planner:
-          -- without it a merge anti-join reads every claimed entry of the lane from the
-          -- start (12 ms per claim at 20,000 claimed entries, growing with them).
-          AND NOT EXISTS (SELECT 1 FROM {s}.claimed_entries c
-                          WHERE c.queue = p_queue AND c.priority = p_priority AND c.seq = e.seq
-                            AND c.seq >= lane.cursor)
+        LEFT JOIN LATERAL (
+            SELECT true AS hit FROM {s}.claimed_entries c
+            WHERE (c.slot BETWEEN w.lo1 AND w.hi1 OR c.slot BETWEEN w.lo2 AND w.hi2)
+              AND c.slot = e.slot AND c.queue = p_queue AND c.priority = p_priority
+              AND c.seq = e.seq
+            LIMIT 1) x ON true
+        WHERE (e.slot BETWEEN w.lo1 AND w.hi1 OR e.slot BETWEEN w.lo2 AND w.hi2)
+          AND e.queue = p_queue AND e.priority = p_priority AND e.seq >= lane.cursor
+          AND x.hit IS NULL
         ORDER BY e.seq
         LIMIT p_n
     ) p;
@@ -438,11 +503,15 @@ DECLARE
     k integer;
     pr integer;
     lanes integer[] := ARRAY[1, 2, 3, 4];
+    w record;
 BEGIN
     -- A paused queue (awa.queue_meta, shared with canonical) hands out nothing.
     IF EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused) THEN
         RETURN;
     END IF;
+    -- The slots the queue's least advanced lane may need (the probes below open only those).
+    SELECT * INTO w FROM {s}.qs_slot_window(
+        coalesce((SELECT min(l.cursor) FROM {s}.lanes l WHERE l.queue = p_queue), 0));
     IF p_aging IS NOT NULL AND p_aging > interval '0' THEN
         -- Priority aging (canonical's rule: one priority better, down to 1, for every p_aging
         -- a job has been due), applied to each lane's oldest waiting entry: the lanes are
@@ -458,9 +527,13 @@ BEGIN
             LEFT JOIN {s}.lanes l ON l.queue = p_queue AND l.priority = p.pr
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM {s}.ready_entries e
-                WHERE e.queue = p_queue AND e.priority = p.pr AND e.seq >= coalesce(l.cursor, 0)
+                WHERE (e.slot BETWEEN w.lo1 AND w.hi1 OR e.slot BETWEEN w.lo2 AND w.hi2)
+                  AND e.queue = p_queue AND e.priority = p.pr AND e.seq >= coalesce(l.cursor, 0)
                   AND NOT EXISTS (SELECT 1 FROM {s}.claimed_entries ce
-                                  WHERE ce.queue = e.queue AND ce.priority = e.priority
+                                  WHERE (ce.slot BETWEEN w.lo1 AND w.hi1
+                                         OR ce.slot BETWEEN w.lo2 AND w.hi2)
+                                    AND ce.slot = e.slot
+                                    AND ce.queue = e.queue AND ce.priority = e.priority
                                     AND ce.seq = e.seq AND ce.seq >= coalesce(l.cursor, 0))
                 ORDER BY e.seq LIMIT 1) h ON true) x;
     END IF;
@@ -474,7 +547,8 @@ BEGIN
     FROM unnest(lanes) WITH ORDINALITY AS t(pr, o)
     CROSS JOIN LATERAL (
         SELECT 1 FROM {s}.ready_entries e
-        WHERE e.queue = p_queue AND e.priority = t.pr
+        WHERE (e.slot BETWEEN w.lo1 AND w.hi1 OR e.slot BETWEEN w.lo2 AND w.hi2)
+          AND e.queue = p_queue AND e.priority = t.pr
           AND e.seq >= coalesce((SELECT l.cursor FROM {s}.lanes l
                                  WHERE l.queue = p_queue AND l.priority = t.pr), 0)
         LIMIT 1) x;
@@ -813,7 +887,21 @@ DECLARE
     st {s}.queue_ring_state;
     nxt integer;
     busy boolean;
+    saved_timeout text;
 BEGIN
+    -- The ring's lock first (a producer in REPEATABLE READ takes it, then the ring's row), and
+    -- only for a moment: while we wait for producers still appending to the current slot,
+    -- every new producer waits behind us, so a long transaction that appended costs this pass,
+    -- not the producers' throughput.
+    saved_timeout := current_setting('lock_timeout');
+    PERFORM set_config('lock_timeout', '50ms', true);
+    BEGIN
+        PERFORM pg_advisory_xact_lock(hashtext('awa.qs_ring'), hashtext('{s}'));
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM set_config('lock_timeout', saved_timeout, true);
+        RETURN NULL;
+    END;
+    PERFORM set_config('lock_timeout', saved_timeout, true);
     SELECT * INTO st FROM {s}.queue_ring_state FOR UPDATE;
     nxt := (st.current + 1) % st.slots;
     EXECUTE format('SELECT EXISTS (SELECT 1 FROM {s}.ready_entries_%s) OR EXISTS (SELECT 1 FROM {s}.done_entries_%s)'
@@ -821,7 +909,13 @@ BEGIN
     IF busy THEN
         RETURN NULL;
     END IF;
-    UPDATE {s}.queue_ring_slots SET generation = st.generation + 1, opened_at = now() WHERE slot = nxt;
+    -- Every producer that read the closing slot as current has ended (they held the ring's
+    -- lock shared), so every seq in it was drawn before now: seal it with the seq's value.
+    UPDATE {s}.queue_ring_slots SET seal_seq = (SELECT last_value FROM {s}.qs_seq)
+    WHERE slot = st.current;
+    UPDATE {s}.queue_ring_slots SET generation = st.generation + 1, opened_at = now(),
+        seal_seq = NULL
+    WHERE slot = nxt;
     UPDATE {s}.queue_ring_state SET current = nxt, generation = st.generation + 1;
     RETURN nxt;
 END $$;
@@ -855,6 +949,9 @@ DECLARE
     carried bigint := 0;
     n bigint;
 BEGIN
+    -- We append (carry-forward): the ring's lock shared, before the ring's row, in the
+    -- order a rotation takes them.
+    PERFORM {s}.qs_ring_lock_shared();
     SELECT * INTO st FROM {s}.queue_ring_state FOR UPDATE;
     old := (st.current + 1) % st.slots;
     IF old = st.current THEN
@@ -954,6 +1051,7 @@ BEGIN
 
     EXECUTE format('TRUNCATE {s}.ready_entries_%1$s, {s}.claimed_entries_%1$s, {s}.receipts_%1$s,'
                    ' {s}.done_entries_%1$s', old);
+    UPDATE {s}.queue_ring_slots SET seal_seq = -1 WHERE slot = old;
     RETURN carried;
 END $$;
 
@@ -1108,6 +1206,8 @@ BEGIN
     END LOOP;
 END $$;
 INSERT INTO {s}.queue_ring_state (current, slots, generation) VALUES (0, {q}, 1);
-INSERT INTO {s}.queue_ring_slots (slot, generation, opened_at)
-SELECT g, CASE WHEN g = 0 THEN 1 ELSE 0 END, CASE WHEN g = 0 THEN now() END FROM generate_series(0, {q} - 1) g;
+INSERT INTO {s}.queue_ring_slots (slot, generation, opened_at, seal_seq)
+SELECT g, CASE WHEN g = 0 THEN 1 ELSE 0 END, CASE WHEN g = 0 THEN now() END,
+       CASE WHEN g = 0 THEN NULL ELSE -1 END
+FROM generate_series(0, {q} - 1) g;
 INSERT INTO {s}.lease_ring_state (current, slots) VALUES (0, {l});
