@@ -1422,7 +1422,7 @@ async fn a_claim_opens_the_slots_past_its_cursor_and_finds_what_is_in_them() {
         qs.rotate(&db.pool, Duration::ZERO).await.unwrap();
         if round % 2 == 1 {
             let got = qs.claim(&db.pool, queue, priority, 10).await.unwrap();
-            let want: Vec<i64> = all.drain(..).collect();
+            let want: Vec<i64> = std::mem::take(&mut all);
             assert_eq!(
                 got.iter().map(|c| c.id).collect::<Vec<_>>(),
                 want,

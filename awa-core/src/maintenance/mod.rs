@@ -71,6 +71,8 @@ pub(crate) async fn run(
 struct Lease {
     conn: PgConnection,
     mode: PoolMode,
+    /// The advisory lock's key (one per engine), so the unlock names the lock taken.
+    key: i64,
 }
 
 async fn try_lead(pool: &Db, url: Option<&str>) -> crate::error::Result<Option<Lease>> {
@@ -100,7 +102,7 @@ async fn try_lead(pool: &Db, url: Option<&str>) -> crate::error::Result<Option<L
         .fetch_one(&mut conn)
         .await?;
     if got {
-        Ok(Some(Lease { conn, mode }))
+        Ok(Some(Lease { conn, mode, key }))
     } else {
         let _ = conn.close().await;
         Ok(None)
@@ -215,7 +217,11 @@ async fn lead(
         .unwrap_or(start); 8];
     let mut lease_slot = None;
     let mut cron = crate::cron::evaluate::Ticker::new();
-    let Lease { mut conn, mode } = lease;
+    let Lease {
+        mut conn,
+        mode,
+        key,
+    } = lease;
     loop {
         let now = Instant::now();
         let due =
@@ -309,7 +315,7 @@ async fn lead(
     }
     let _ = match mode {
         PoolMode::Session => sqlx::query("SELECT pg_advisory_unlock($1)")
-            .bind(LEADER_LOCK)
+            .bind(key)
             .execute(&mut conn)
             .await
             .map(|_| ()),

@@ -181,9 +181,11 @@ CREATE TRIGGER qs_hold_xid BEFORE INSERT ON {s}.ready_entries
 -- current slot until it commits (`qs_current_slot`); a rotation takes it exclusively, so once it
 -- has it, no transaction that could still append to the slot it closes is running, and none
 -- can start appending there after it commits. That makes a closed slot's seq bound final.
-CREATE FUNCTION {s}.qs_ring_lock_shared() RETURNS void LANGUAGE sql AS $$
-    SELECT pg_advisory_xact_lock_shared(hashtext('awa.qs_ring'), hashtext('{s}'))
-$$;
+-- (PL/pgSQL: a `LANGUAGE sql` function is planned again at every call on PostgreSQL 15.)
+CREATE FUNCTION {s}.qs_ring_lock_shared() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtext('awa.qs_ring'), hashtext('{s}'));
+END $$;
 
 -- The current queue slot and its generation (a producer appends there, and only there).
 -- Taken under the ring's shared lock, read in a statement of its own (under READ COMMITTED a
