@@ -1351,6 +1351,28 @@ async fn window(db: &TestDb, cursor: i64) -> BTreeSet<i32> {
     (lo1..=hi1).chain(lo2..=hi2).collect()
 }
 
+/// One pass of the ring (nothing old enough to reclaim): the new current slot, if it moved.
+async fn turn(qs: &QueueStorage, db: &TestDb) -> Option<i32> {
+    qs.rotate(&db.pool, Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .queue_slot
+}
+
+/// A transaction that has taken its snapshot, at the isolation level given.
+async fn snapshot_taken(
+    db: &TestDb,
+    isolation: &str,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query(&format!("SET TRANSACTION ISOLATION LEVEL {isolation}"))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+    tx
+}
+
 async fn seal(db: &TestDb, slot: i32) -> Option<i64> {
     sqlx::query_scalar("SELECT seal_seq FROM awa_qs.queue_ring_slots WHERE slot = $1")
         .bind(slot)
@@ -1445,74 +1467,47 @@ async fn a_rotation_waits_for_every_producer_of_the_slot_it_seals() {
     let db = TestDb::new().await;
     let qs = installed(&db, 4, 2).await;
     let (queue, priority) = LANE;
+    let slot_of = |id: i64| {
+        sqlx::query_as::<_, (i32, i64)>("SELECT slot, seq FROM awa_qs.ready_entries WHERE id = $1")
+            .bind(id)
+            .fetch_one(db.pool.pool())
+    };
     qs.enqueue(db.pool.pool(), &jobs(queue, priority, 1, "a"))
         .await
         .unwrap();
 
     // A producer that read the current slot holds the ring: no rotation until it ends.
-    let mut open = db.pool.begin().await.unwrap();
+    let mut open = snapshot_taken(&db, "READ COMMITTED").await;
     let held = qs
         .enqueue(&mut *open, &jobs(queue, priority, 1, "held"))
         .await
         .unwrap();
-    let r = qs
-        .rotate(&db.pool, Duration::from_secs(3600))
-        .await
-        .unwrap();
-    assert_eq!(r.queue_slot, None, "the ring moved under an open producer");
+    assert_eq!(
+        turn(&qs, &db).await,
+        None,
+        "the ring moved under an open producer"
+    );
     assert_eq!(seal(&db, 0).await, None);
     open.commit().await.unwrap();
-
-    let r = qs
-        .rotate(&db.pool, Duration::from_secs(3600))
-        .await
-        .unwrap();
-    assert_eq!(r.queue_slot, Some(1));
-    let held_seq: i64 = sqlx::query_scalar("SELECT seq FROM awa_qs.ready_entries WHERE id = $1")
-        .bind(held[0])
-        .fetch_one(db.pool.pool())
-        .await
-        .unwrap();
+    assert_eq!(turn(&qs, &db).await, Some(1));
+    let (_, held_seq) = slot_of(held[0]).await.unwrap();
     assert!(seal(&db, 0).await.expect("sealed") >= held_seq);
 
     // A READ COMMITTED producer whose transaction began before the rotation appends to the
     // new slot.
-    let mut rc = db.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1").execute(&mut *rc).await.unwrap();
-    assert_eq!(
-        qs.rotate(&db.pool, Duration::from_secs(3600))
-            .await
-            .unwrap()
-            .queue_slot,
-        Some(2)
-    );
+    let mut rc = snapshot_taken(&db, "READ COMMITTED").await;
+    assert_eq!(turn(&qs, &db).await, Some(2));
     let rc_ids = qs
         .enqueue(&mut *rc, &jobs(queue, priority, 1, "rc"))
         .await
         .unwrap();
     rc.commit().await.unwrap();
-    let slot: i32 = sqlx::query_scalar("SELECT slot FROM awa_qs.ready_entries WHERE id = $1")
-        .bind(rc_ids[0])
-        .fetch_one(db.pool.pool())
-        .await
-        .unwrap();
-    assert_eq!(slot, 2);
+    assert_eq!(slot_of(rc_ids[0]).await.unwrap().0, 2);
 
     // A REPEATABLE READ producer whose snapshot predates a rotation cannot append to the
     // slot it still sees as current: a serialization failure, nothing written.
-    let mut rr = db.pool.begin().await.unwrap();
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        .execute(&mut *rr)
-        .await
-        .unwrap();
-    sqlx::query("SELECT 1").execute(&mut *rr).await.unwrap();
-    assert_eq!(
-        qs.rotate(&db.pool, Duration::from_secs(3600))
-            .await
-            .unwrap()
-            .queue_slot,
-        Some(3)
-    );
+    let mut rr = snapshot_taken(&db, "REPEATABLE READ").await;
+    assert_eq!(turn(&qs, &db).await, Some(3));
     let refused = qs
         .enqueue(&mut *rr, &jobs(queue, priority, 1, "rr"))
         .await
@@ -1526,17 +1521,14 @@ async fn a_rotation_waits_for_every_producer_of_the_slot_it_seals() {
     };
     assert_eq!(code.as_deref(), Some("40001"), "{refused:?}");
     rr.rollback().await.unwrap();
-    // A REPEATABLE READ producer that began after the rotation appends as usual.
-    let mut rr = db.pool.begin().await.unwrap();
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        .execute(&mut *rr)
-        .await
-        .unwrap();
+    // A REPEATABLE READ producer whose snapshot is newer than the rotation appends as usual.
+    let mut rr = snapshot_taken(&db, "REPEATABLE READ").await;
     let rr_ids = qs
         .enqueue(&mut *rr, &jobs(queue, priority, 1, "rr"))
         .await
         .unwrap();
     rr.commit().await.unwrap();
+    assert_eq!(slot_of(rr_ids[0]).await.unwrap().0, 3);
 
     let claimed = qs.claim(&db.pool, queue, priority, 10).await.unwrap();
     let mut want = vec![held[0], rc_ids[0], rr_ids[0]];

@@ -1129,6 +1129,20 @@ mod tests {
         Reader { job, slot, gen }
     }
 
+    /// A producer's whole append of job `job` into `slot` (generation `gen`) at `seq`: it
+    /// reads the slot, draws the seq and commits.
+    fn appended(job: u8, slot: u8, gen: u8, seq: u8) -> [Action; 3] {
+        [
+            Action::ReadSlot { job },
+            Action::BeginAppend {
+                r: reader(job, slot, gen),
+            },
+            Action::CommitAppend {
+                p: entry(job, slot, gen, seq, 1),
+            },
+        ]
+    }
+
     fn entry(job: u8, slot: u8, gen: u8, seq: u8, k: u8) -> Entry {
         Entry {
             job,
@@ -1158,13 +1172,10 @@ mod tests {
         let s = run(
             &m,
             &[
-                Action::ReadSlot { job: 1 },
-                Action::BeginAppend { r: reader(1, 0, 0) },
-                Action::CommitAppend {
-                    p: entry(1, 0, 0, 0, 1),
-                },
-                Action::ReadSlot { job: 2 },
-            ],
+                &appended(1, 0, 0, 0)[..],
+                &[Action::ReadSlot { job: 2 }][..],
+            ]
+            .concat(),
         );
         // Job 2's producer has read slot 0: the rotation waits for it.
         assert!(m.next_state(&s, Action::RotateQueue).is_none());
@@ -1200,21 +1211,12 @@ mod tests {
         let s = run(
             &m,
             &[
-                Action::ReadSlot { job: 1 },
-                Action::BeginAppend { r: reader(1, 0, 0) },
-                Action::CommitAppend {
-                    p: entry(1, 0, 0, 0, 1),
-                },
-                Action::Claim,
-                Action::AdvanceCursor,
-                Action::RotateQueue,
-                Action::ReadSlot { job: 2 },
-                Action::BeginAppend { r: reader(2, 1, 0) },
-                Action::CommitAppend {
-                    p: entry(2, 1, 0, 1, 1),
-                },
-                Action::Claim,
-            ],
+                &appended(1, 0, 0, 0)[..],
+                &[Action::Claim, Action::AdvanceCursor, Action::RotateQueue][..],
+                &appended(2, 1, 0, 1)[..],
+                &[Action::Claim][..],
+            ]
+            .concat(),
         );
         assert_eq!(s.seal[..2], [Seal::Bound(1), Seal::Open]);
         assert!(!s.eligible(0) && s.happened(Event::PrunedClaim));
@@ -1272,15 +1274,14 @@ mod tests {
         let s = run(
             &m,
             &[
-                Action::ReadSlot { job: 1 },
-                Action::BeginAppend { r: reader(1, 0, 0) },
-                Action::CommitAppend {
-                    p: entry(1, 0, 0, 0, 1),
-                },
-                Action::Claim,
-                Action::RotateQueue,
-                Action::ReclaimQueue { s: 0 },
-            ],
+                &appended(1, 0, 0, 0)[..],
+                &[
+                    Action::Claim,
+                    Action::RotateQueue,
+                    Action::ReclaimQueue { s: 0 },
+                ][..],
+            ]
+            .concat(),
         );
         assert_eq!(s.qgen[0], 1);
         assert_eq!(s.entries, [entry(1, 1, 0, 1, 1)].into_iter().collect());
@@ -1296,14 +1297,7 @@ mod tests {
         let m = model();
         let before = run(
             &m,
-            &[
-                Action::ReadSlot { job: 1 },
-                Action::BeginAppend { r: reader(1, 0, 0) },
-                Action::CommitAppend {
-                    p: entry(1, 0, 0, 0, 1),
-                },
-                Action::Claim,
-            ],
+            &[&appended(1, 0, 0, 0)[..], &[Action::Claim][..]].concat(),
         );
         let l = *before.leases.iter().next().expect("open lease");
         let s = m.next_state(&before, Action::Rescue { l }).expect("rescue");
