@@ -1539,3 +1539,98 @@ async fn a_rotation_waits_for_every_producer_of_the_slot_it_seals() {
     assert_eq!(got, want);
     assert_eq!(claimed.len(), 4, "the first job, then the three producers'");
 }
+
+#[tokio::test]
+async fn a_lane_never_claimed_is_found_after_other_lanes_pass_its_slot() {
+    // A lane gets its row at its first claim. Until then its entries can be in any slot, and
+    // a queue's probe must still open that slot after the ring has moved on and the queue's
+    // busy lane has passed the slot's seal: the starved low-priority job is found, and once
+    // the idle lanes have been claimed the window narrows to the current slot again.
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let low = qs
+        .enqueue(db.pool.pool(), &jobs("q", 4, 1, "low"))
+        .await
+        .unwrap();
+    qs.enqueue(db.pool.pool(), &jobs("q", 2, 2, "busy"))
+        .await
+        .unwrap();
+    assert_eq!(qs.claim(&db.pool, "q", 2, 10).await.unwrap().len(), 2);
+    assert_eq!(turn(&qs, &db).await, Some(1));
+    let sealed = seal(&db, 0).await.expect("sealed");
+    qs.enqueue(db.pool.pool(), &jobs("q", 2, 1, "busy"))
+        .await
+        .unwrap();
+    // The busy lane's cursor passes slot 0's seal (its stable point follows the cluster's xmin
+    // horizon, which another test's transaction can hold back for a moment).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        qs.claim(&db.pool, "q", 2, 10).await.unwrap();
+        let cursor: i64 = sqlx::query_scalar(
+            "SELECT cursor FROM awa_qs.lanes WHERE queue = 'q' AND priority = 2",
+        )
+        .fetch_one(db.pool.pool())
+        .await
+        .unwrap();
+        if cursor > sealed {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the busy lane never passed the seal"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let got = qs.claim_queue(&db.pool, "q", 10, None).await.unwrap();
+    assert_eq!(got.iter().map(|c| c.id).collect::<Vec<_>>(), low);
+
+    // Idle now: a few more polls and every lane of the queue is past the seal, so a probe
+    // opens the current slot only.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(qs
+            .claim_queue(&db.pool, "q", 10, None)
+            .await
+            .unwrap()
+            .is_empty());
+        let behind: i64 = sqlx::query_scalar(
+            "SELECT 4 - count(*) FILTER (WHERE cursor > $1) FROM awa_qs.lanes WHERE queue = 'q'",
+        )
+        .bind(sealed)
+        .fetch_one(db.pool.pool())
+        .await
+        .unwrap();
+        if behind == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{behind} lanes stay behind the seal"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(window(&db, sealed + 1).await, BTreeSet::from([1]));
+}
+
+#[tokio::test]
+async fn claims_before_the_first_seq_is_drawn_do_not_pass_it() {
+    // The seq's `last_value` is 1 before anything is drawn; a stable point taken from it
+    // would let the cursor pass the first job ever appended.
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let (queue, priority) = LANE;
+    for _ in 0..5 {
+        assert!(qs
+            .claim(&db.pool, queue, priority, 1)
+            .await
+            .unwrap()
+            .is_empty());
+        turn(&qs, &db).await;
+    }
+    let first = qs
+        .enqueue(db.pool.pool(), &jobs(queue, priority, 1, "first"))
+        .await
+        .unwrap();
+    let got = qs.claim_queue(&db.pool, queue, 10, None).await.unwrap();
+    assert_eq!(got.iter().map(|c| c.id).collect::<Vec<_>>(), first);
+}

@@ -405,7 +405,9 @@ BEGIN
         -- The seq first, then the horizon: a producer that drew a seq at or below v_seq got
         -- its xid before that, so below v_xmax. No seq drawn since the last candidate: keep
         -- it (an idle lane then writes nothing).
-        v_seq := (SELECT last_value FROM {s}.qs_seq);
+        -- (`last_value` is 1 before the first seq is drawn: `is_called` tells.)
+        v_seq := (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END
+                  FROM {s}.qs_seq);
         IF v_seq > lane.cand_seq THEN
             v_xmax := pg_snapshot_xmax(pg_current_snapshot());
             lane.cand_seq := v_seq;
@@ -506,14 +508,30 @@ DECLARE
     pr integer;
     lanes integer[] := ARRAY[1, 2, 3, 4];
     w record;
+    cursors bigint[];
+    stuck boolean[];
 BEGIN
     -- A paused queue (awa.queue_meta, shared with canonical) hands out nothing.
     IF EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused) THEN
         RETURN;
     END IF;
-    -- The slots the queue's least advanced lane may need (the probes below open only those).
-    SELECT * INTO w FROM {s}.qs_slot_window(
-        coalesce((SELECT min(l.cursor) FROM {s}.lanes l WHERE l.queue = p_queue), 0));
+    -- Each lane's cursor, 0 for a lane without a row (never claimed: its entries can be in any
+    -- slot): the slots the queue's least advanced lane may need (the probes below open only
+    -- those). `stuck`: the lane keeps a sealed slot in that window (its cursor is at or below
+    -- the highest seal), and a claim of it, though it finds nothing, would move it on: it has
+    -- no row yet, or its cursor is behind its stable point, or its candidate stable point can
+    -- be confirmed now, or that candidate is itself below the seal.
+    SELECT array_agg(coalesce(l.cursor, 0) ORDER BY g.p),
+           array_agg(coalesce(l.cursor, 0) <= s.newest
+                     AND (l.queue IS NULL OR l.cursor <= l.stable_seq
+                          OR (l.cand_seq > l.stable_seq
+                              AND l.cand_xmax <= pg_snapshot_xmin(pg_current_snapshot()))
+                          OR l.cand_seq < s.newest) ORDER BY g.p)
+    INTO cursors, stuck
+    FROM generate_series(1, 4) AS g(p)
+    LEFT JOIN {s}.lanes l ON l.queue = p_queue AND l.priority = g.p
+    CROSS JOIN (SELECT coalesce(max(r.seal_seq), -1) AS newest FROM {s}.queue_ring_slots r) s;
+    SELECT * INTO w FROM {s}.qs_slot_window((SELECT min(c) FROM unnest(cursors) AS c));
     IF p_aging IS NOT NULL AND p_aging > interval '0' THEN
         -- Priority aging (canonical's rule: one priority better, down to 1, for every p_aging
         -- a job has been due), applied to each lane's oldest waiting entry: the lanes are
@@ -554,6 +572,14 @@ BEGIN
           AND e.seq >= coalesce((SELECT l.cursor FROM {s}.lanes l
                                  WHERE l.queue = p_queue AND l.priority = t.pr), 0)
         LIMIT 1) x;
+    -- Then the `stuck` lanes found empty: they keep an old slot in every probe's window, so
+    -- they are claimed too. There is nothing to take, but the claim creates the lane's row if
+    -- it has none and moves its cursor up to the stable point, so the window narrows again
+    -- after each turn of the ring. An idle lane is claimed (and writes its row) two or three
+    -- times per turn of the ring, and not at all between turns or while the xmin horizon
+    -- holds its stable point back.
+    lanes := lanes || ARRAY(SELECT g.p FROM generate_series(1, 4) AS g(p)
+                            WHERE g.p <> ALL (lanes) AND stuck[g.p] ORDER BY g.p);
     FOREACH pr IN ARRAY lanes LOOP
         EXIT WHEN got >= p_n;
         RETURN QUERY SELECT * FROM {s}.qs_claim(p_queue, pr::smallint, p_n - got, p_deadline);
@@ -913,7 +939,9 @@ BEGIN
     END IF;
     -- Every producer that read the closing slot as current has ended (they held the ring's
     -- lock shared), so every seq in it was drawn before now: seal it with the seq's value.
-    UPDATE {s}.queue_ring_slots SET seal_seq = (SELECT last_value FROM {s}.qs_seq)
+    UPDATE {s}.queue_ring_slots
+    SET seal_seq = (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END
+                    FROM {s}.qs_seq)
     WHERE slot = st.current;
     UPDATE {s}.queue_ring_slots SET generation = st.generation + 1, opened_at = now(),
         seal_seq = NULL
