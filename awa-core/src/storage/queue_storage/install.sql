@@ -187,6 +187,14 @@ BEGIN
     PERFORM pg_advisory_xact_lock_shared(hashtext('awa.qs_ring'), hashtext('{s}'));
 END $$;
 
+-- The last seq drawn (0 before the first: `last_value` reads 1 until then, `is_called` tells).
+-- Read outside any snapshot: a sequence shows its current value to every transaction.
+CREATE FUNCTION {s}.qs_last_seq() RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN (SELECT CASE WHEN q.is_called THEN q.last_value ELSE q.last_value - 1 END
+            FROM {s}.qs_seq q);
+END $$;
+
 -- The current queue slot and its generation (a producer appends there, and only there).
 -- Taken under the ring's shared lock, read in a statement of its own (under READ COMMITTED a
 -- new snapshot, which sees every rotation that committed before the lock was granted). A
@@ -405,9 +413,7 @@ BEGIN
         -- The seq first, then the horizon: a producer that drew a seq at or below v_seq got
         -- its xid before that, so below v_xmax. No seq drawn since the last candidate: keep
         -- it (an idle lane then writes nothing).
-        -- (`last_value` is 1 before the first seq is drawn: `is_called` tells.)
-        v_seq := (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END
-                  FROM {s}.qs_seq);
+        v_seq := {s}.qs_last_seq();
         IF v_seq > lane.cand_seq THEN
             v_xmax := pg_snapshot_xmax(pg_current_snapshot());
             lane.cand_seq := v_seq;
@@ -569,8 +575,7 @@ BEGIN
         SELECT 1 FROM {s}.ready_entries e
         WHERE (e.slot BETWEEN w.lo1 AND w.hi1 OR e.slot BETWEEN w.lo2 AND w.hi2)
           AND e.queue = p_queue AND e.priority = t.pr
-          AND e.seq >= coalesce((SELECT l.cursor FROM {s}.lanes l
-                                 WHERE l.queue = p_queue AND l.priority = t.pr), 0)
+          AND e.seq >= cursors[t.pr]
         LIMIT 1) x;
     -- Then the `stuck` lanes found empty: they keep an old slot in every probe's window, so
     -- they are claimed too. There is nothing to take, but the claim creates the lane's row if
@@ -907,6 +912,17 @@ BEGIN
     RETURN n;
 END $$;
 
+-- Whether a queue slot holds entries or history (a slot the ring may not move into).
+CREATE FUNCTION {s}.qs_slot_busy(p_slot integer) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    busy boolean;
+BEGIN
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM {s}.ready_entries_%1$s)'
+                   ' OR EXISTS (SELECT 1 FROM {s}.done_entries_%1$s)'
+                   ' OR EXISTS (SELECT 1 FROM {s}.receipts_%1$s)', p_slot) INTO busy;
+    RETURN busy;
+END $$;
+
 -- Rotate the queue ring: when the next slot is empty (reclaimed), make it current under a new
 -- generation. Returns the new current slot, or NULL when the next slot still holds rows.
 CREATE FUNCTION {s}.qs_rotate_queue()
@@ -914,9 +930,14 @@ RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     st {s}.queue_ring_state;
     nxt integer;
-    busy boolean;
     saved_timeout text;
 BEGIN
+    -- Whether the next slot is free yet, checked first without a lock (on a full ring most
+    -- passes end here) and again under the locks below.
+    SELECT * INTO st FROM {s}.queue_ring_state;
+    IF {s}.qs_slot_busy((st.current + 1) % st.slots) THEN
+        RETURN NULL;
+    END IF;
     -- The ring's lock first (a producer in REPEATABLE READ takes it, then the ring's row), and
     -- only for a moment: while we wait for producers still appending to the current slot,
     -- every new producer waits behind us, so a long transaction that appended costs this pass,
@@ -932,17 +953,12 @@ BEGIN
     PERFORM set_config('lock_timeout', saved_timeout, true);
     SELECT * INTO st FROM {s}.queue_ring_state FOR UPDATE;
     nxt := (st.current + 1) % st.slots;
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM {s}.ready_entries_%s) OR EXISTS (SELECT 1 FROM {s}.done_entries_%s)'
-                   ' OR EXISTS (SELECT 1 FROM {s}.receipts_%s)', nxt, nxt, nxt) INTO busy;
-    IF busy THEN
+    IF {s}.qs_slot_busy(nxt) THEN
         RETURN NULL;
     END IF;
     -- Every producer that read the closing slot as current has ended (they held the ring's
     -- lock shared), so every seq in it was drawn before now: seal it with the seq's value.
-    UPDATE {s}.queue_ring_slots
-    SET seal_seq = (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END
-                    FROM {s}.qs_seq)
-    WHERE slot = st.current;
+    UPDATE {s}.queue_ring_slots SET seal_seq = {s}.qs_last_seq() WHERE slot = st.current;
     UPDATE {s}.queue_ring_slots SET generation = st.generation + 1, opened_at = now(),
         seal_seq = NULL
     WHERE slot = nxt;
