@@ -1634,3 +1634,51 @@ async fn claims_before_the_first_seq_is_drawn_do_not_pass_it() {
     let got = qs.claim_queue(&db.pool, queue, 10, None).await.unwrap();
     assert_eq!(got.iter().map(|c| c.id).collect::<Vec<_>>(), first);
 }
+
+/// How many lanes of `queue` have a row (a lane gets one at its first claim).
+async fn lane_rows(db: &TestDb, queue: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM awa_qs.lanes WHERE queue = $1")
+        .bind(queue)
+        .fetch_one(db.pool.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_claim_that_takes_jobs_leaves_idle_lanes_to_idle_polls() {
+    // Claiming the idle lanes that keep a sealed slot in the probes' window only narrows the
+    // window. A claim that takes a job does it once the window is wider than the current slot
+    // and the one before it; until then idle polls do it, so a pickup right after a rotation
+    // does not wait for three empty lanes' claims.
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let claim = |queue: &'static str| qs.claim_queue(&db.pool, queue, 10, None);
+    qs.enqueue(db.pool.pool(), &jobs("q", 2, 1, "a"))
+        .await
+        .unwrap();
+    assert_eq!(claim("q").await.unwrap().len(), 1);
+    assert_eq!(turn(&qs, &db).await, Some(1));
+    // Lanes 1, 3 and 4 of q have no row (cursor 0): they keep slot 0 in q's window.
+    qs.enqueue(db.pool.pool(), &jobs("q", 2, 1, "b"))
+        .await
+        .unwrap();
+    assert_eq!(window(&db, 0).await, BTreeSet::from([0, 1]));
+    assert_eq!(claim("q").await.unwrap().len(), 1);
+    assert_eq!(lane_rows(&db, "q").await, 1, "the pickup claimed idle lanes");
+    assert!(claim("q").await.unwrap().is_empty());
+    assert_eq!(lane_rows(&db, "q").await, 4, "the idle poll left idle lanes");
+
+    // Queue r's idle lanes keep slot 0 in its window while the ring turns twice more: the
+    // window spans the whole ring, and the claim that takes r's jobs claims them too.
+    qs.enqueue(db.pool.pool(), &jobs("r", 2, 1, "c"))
+        .await
+        .unwrap();
+    assert_eq!(turn(&qs, &db).await, Some(2));
+    assert_eq!(turn(&qs, &db).await, Some(3));
+    qs.enqueue(db.pool.pool(), &jobs("r", 2, 1, "d"))
+        .await
+        .unwrap();
+    assert_eq!(window(&db, 0).await, BTreeSet::from([0, 1, 2, 3]));
+    assert_eq!(claim("r").await.unwrap().len(), 2);
+    assert_eq!(lane_rows(&db, "r").await, 4, "a wide window left idle lanes");
+}

@@ -386,11 +386,11 @@ DECLARE
     lane   {s}.lanes;
     lslot  integer;
     v_seq  bigint;
-    v_xmax xid8;
+    confirmed boolean;
+    lo1 integer; hi1 integer; lo2 integer; hi2 integer;
     v_picked {s}.ready_entries[];
     n_picked integer;
     max_seq  bigint;
-    w record;
 BEGIN
     -- Lock order, everywhere: leases, then a queue slot's tables (reclaim_queue takes leases in
     -- EXCLUSIVE mode before its slot; a claim must not hold a slot's lock while it waits). The
@@ -407,25 +407,26 @@ BEGIN
         SELECT * INTO lane FROM {s}.lanes l
         WHERE l.queue = p_queue AND l.priority = p_priority FOR UPDATE;
     END IF;
-    -- A new statement, so a new snapshot: it sees every claim that committed while we waited.
-    IF lane.cand_xmax <= pg_snapshot_xmin(pg_current_snapshot()) THEN
+    -- One statement, so one snapshot, taken after the lane lock was granted (it sees every
+    -- claim that committed while we waited): whether the candidate stable point is confirmed,
+    -- the last seq drawn (read after that snapshot), the lease ring's current slot, and the
+    -- slots that can hold entries at or past the cursor. The window comes from the snapshot
+    -- that confirmed the stable point: every producer of a seq at or below it had ended before
+    -- that snapshot, so the slot it appended to is current or sealed at or above its seq there.
+    SELECT lane.cand_xmax <= pg_snapshot_xmin(pg_current_snapshot()), {s}.qs_last_seq(),
+           r.current, w.lo1, w.hi1, w.lo2, w.hi2
+    INTO confirmed, v_seq, lslot, lo1, hi1, lo2, hi2
+    FROM {s}.lease_ring_state r CROSS JOIN {s}.qs_slot_window(lane.cursor) w;
+    IF confirmed THEN
         lane.stable_seq := greatest(lane.stable_seq, lane.cand_seq);
-        -- The seq first, then the horizon: a producer that drew a seq at or below v_seq got
-        -- its xid before that, so below v_xmax. No seq drawn since the last candidate: keep
-        -- it (an idle lane then writes nothing).
-        v_seq := {s}.qs_last_seq();
+        -- The seq first, then the horizon (a new snapshot): a producer that drew a seq at or
+        -- below v_seq got its xid before that, so below v_xmax. No seq drawn since the last
+        -- candidate: keep it (an idle lane then writes nothing).
         IF v_seq > lane.cand_seq THEN
-            v_xmax := pg_snapshot_xmax(pg_current_snapshot());
             lane.cand_seq := v_seq;
-            lane.cand_xmax := v_xmax;
+            lane.cand_xmax := pg_snapshot_xmax(pg_current_snapshot());
         END IF;
     END IF;
-    SELECT r.current INTO lslot FROM {s}.lease_ring_state r;
-    -- The slots that can hold entries at or past the cursor. Read after the stable point was
-    -- confirmed (a later snapshot): an entry at or below it sits in a slot this sees; an entry
-    -- in a slot that becomes current after this read drew its seq after the stable point, so
-    -- the cursor placed below never passes it.
-    SELECT * INTO w FROM {s}.qs_slot_window(lane.cursor);
 
     -- The lowest committed unclaimed entries at or above the cursor, whole: the one statement
     -- that reads the lane's slots (each statement over the partitioned tables opens an index
@@ -440,17 +441,29 @@ BEGIN
         FROM {s}.ready_entries e
         LEFT JOIN LATERAL (
             SELECT true AS hit FROM {s}.claimed_entries c
-            WHERE (c.slot BETWEEN w.lo1 AND w.hi1 OR c.slot BETWEEN w.lo2 AND w.hi2)
+            WHERE (c.slot BETWEEN lo1 AND hi1 OR c.slot BETWEEN lo2 AND hi2)
               AND c.slot = e.slot AND c.queue = p_queue AND c.priority = p_priority
               AND c.seq = e.seq
             LIMIT 1) x ON true
-        WHERE (e.slot BETWEEN w.lo1 AND w.hi1 OR e.slot BETWEEN w.lo2 AND w.hi2)
+        WHERE (e.slot BETWEEN lo1 AND hi1 OR e.slot BETWEEN lo2 AND hi2)
           AND e.queue = p_queue AND e.priority = p_priority AND e.seq >= lane.cursor
           AND x.hit IS NULL
         ORDER BY e.seq
         LIMIT p_n
     ) p;
 
+    -- The cursor, never past the first unclaimed committed entry nor past the stable point
+    -- plus one (every seq at or below the stable point is committed or gone), from what the
+    -- claim took, without reading the lane again: the picked entries are the lowest unclaimed
+    -- ones this snapshot sees, and it sees every seq at or below the stable point (the lane
+    -- lock above waited for any other claim of the lane). Fewer than p_n: none is left below
+    -- the stable point. Exactly p_n: everything up to the last one taken is claimed now.
+    IF n_picked < p_n THEN
+        lane.cursor := greatest(lane.cursor, lane.stable_seq + 1);
+    ELSE
+        lane.cursor := greatest(lane.cursor, least(max_seq + 1, lane.stable_seq + 1));
+    END IF;
+    -- The claimed entries, the leases and the lane's new cursor in one statement.
     IF n_picked > 0 THEN
         RETURN QUERY
         WITH picked AS (
@@ -465,32 +478,24 @@ BEGIN
             SELECT lslot, p.id, p.next_lease, p_queue, p_priority, p.slot, p.generation, p.seq,
                    p.next_attempt, p.t0, p.t0 + p_deadline, p.t0, p.progress
             FROM picked p
+        ), moved AS (
+            UPDATE {s}.lanes l SET cursor = lane.cursor, stable_seq = lane.stable_seq,
+                cand_seq = lane.cand_seq, cand_xmax = lane.cand_xmax
+            WHERE l.queue = p_queue AND l.priority = p_priority
         )
         SELECT p.id, p.kind, p.queue, p.args, 'running'::text, p.priority, p.next_attempt,
                p.max_attempts, p.run_at, p.t0, p.t0 + p_deadline, p.t0, NULL::timestamptz,
                p.created_at, p.errors, p.metadata, p.tags, p.unique_key, p.unique_states,
                NULL::text, NULL::timestamptz, p.next_lease, p.progress, p.ordering_key
         FROM picked p ORDER BY p.seq;
-    END IF;
-
-    -- The cursor, never past the first unclaimed committed entry nor past the stable point
-    -- plus one (every seq at or below the stable point is committed or gone), from what the
-    -- claim took, without reading the lane again: the picked entries are the lowest unclaimed
-    -- ones this snapshot sees, and it sees every seq at or below the stable point (the lane
-    -- lock above waited for any other claim of the lane). Fewer than p_n: none is left below
-    -- the stable point. Exactly p_n: everything up to the last one taken is claimed now.
-    IF n_picked < p_n THEN
-        lane.cursor := greatest(lane.cursor, lane.stable_seq + 1);
     ELSE
-        lane.cursor := greatest(lane.cursor, least(max_seq + 1, lane.stable_seq + 1));
+        -- An idle poll changes nothing: write nothing then (no dead tuple per poll).
+        UPDATE {s}.lanes l SET cursor = lane.cursor, stable_seq = lane.stable_seq,
+            cand_seq = lane.cand_seq, cand_xmax = lane.cand_xmax
+        WHERE l.queue = p_queue AND l.priority = p_priority
+          AND (l.cursor, l.stable_seq, l.cand_seq, l.cand_xmax)
+              IS DISTINCT FROM (lane.cursor, lane.stable_seq, lane.cand_seq, lane.cand_xmax);
     END IF;
-    -- An idle poll changes nothing: write nothing then (no dead tuple per poll).
-    UPDATE {s}.lanes l SET cursor = lane.cursor, stable_seq = lane.stable_seq,
-        cand_seq = lane.cand_seq, cand_xmax = lane.cand_xmax
-    WHERE l.queue = p_queue AND l.priority = p_priority
-      AND (l.cursor, l.stable_seq, l.cand_seq, l.cand_xmax)
-          IS DISTINCT FROM (lane.cursor, lane.stable_seq, lane.cand_seq, lane.cand_xmax);
-
     RETURN;
 END $$;
 
@@ -513,31 +518,37 @@ DECLARE
     k integer;
     pr integer;
     lanes integer[] := ARRAY[1, 2, 3, 4];
-    w record;
+    lo1 integer; hi1 integer; lo2 integer; hi2 integer;
     cursors bigint[];
     stuck boolean[];
+    paused boolean;
+    idle integer[];
 BEGIN
-    -- A paused queue (awa.queue_meta, shared with canonical) hands out nothing.
-    IF EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused) THEN
+    -- Whether the queue is paused (awa.queue_meta, shared with canonical: a paused queue hands
+    -- out nothing); each lane's cursor, 0 for a lane without a row (never claimed: its entries
+    -- can be in any slot), and the slots the queue's least advanced lane may need (the probes
+    -- below open only those). `stuck`: the lane keeps a sealed slot in that window (its cursor
+    -- is at or below the highest seal), and a claim of it, though it finds nothing, would move
+    -- it on: it has no row yet, or its cursor is behind its stable point, or its candidate
+    -- stable point can be confirmed now, or that candidate is itself below the seal.
+    SELECT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused),
+           c.cursors, c.stuck, w.lo1, w.hi1, w.lo2, w.hi2
+    INTO paused, cursors, stuck, lo1, hi1, lo2, hi2
+    FROM (SELECT array_agg(coalesce(l.cursor, 0) ORDER BY g.p) AS cursors,
+                 array_agg(coalesce(l.cursor, 0) <= s.newest
+                           AND (l.queue IS NULL OR l.cursor <= l.stable_seq
+                                OR (l.cand_seq > l.stable_seq
+                                    AND l.cand_xmax <= pg_snapshot_xmin(pg_current_snapshot()))
+                                OR l.cand_seq < s.newest) ORDER BY g.p) AS stuck,
+                 min(coalesce(l.cursor, 0)) AS least
+          FROM generate_series(1, 4) AS g(p)
+          LEFT JOIN {s}.lanes l ON l.queue = p_queue AND l.priority = g.p
+          CROSS JOIN (SELECT coalesce(max(r.seal_seq), -1) AS newest
+                      FROM {s}.queue_ring_slots r) s) c
+    CROSS JOIN LATERAL {s}.qs_slot_window(c.least) w;
+    IF paused THEN
         RETURN;
     END IF;
-    -- Each lane's cursor, 0 for a lane without a row (never claimed: its entries can be in any
-    -- slot): the slots the queue's least advanced lane may need (the probes below open only
-    -- those). `stuck`: the lane keeps a sealed slot in that window (its cursor is at or below
-    -- the highest seal), and a claim of it, though it finds nothing, would move it on: it has
-    -- no row yet, or its cursor is behind its stable point, or its candidate stable point can
-    -- be confirmed now, or that candidate is itself below the seal.
-    SELECT array_agg(coalesce(l.cursor, 0) ORDER BY g.p),
-           array_agg(coalesce(l.cursor, 0) <= s.newest
-                     AND (l.queue IS NULL OR l.cursor <= l.stable_seq
-                          OR (l.cand_seq > l.stable_seq
-                              AND l.cand_xmax <= pg_snapshot_xmin(pg_current_snapshot()))
-                          OR l.cand_seq < s.newest) ORDER BY g.p)
-    INTO cursors, stuck
-    FROM generate_series(1, 4) AS g(p)
-    LEFT JOIN {s}.lanes l ON l.queue = p_queue AND l.priority = g.p
-    CROSS JOIN (SELECT coalesce(max(r.seal_seq), -1) AS newest FROM {s}.queue_ring_slots r) s;
-    SELECT * INTO w FROM {s}.qs_slot_window((SELECT min(c) FROM unnest(cursors) AS c));
     IF p_aging IS NOT NULL AND p_aging > interval '0' THEN
         -- Priority aging (canonical's rule: one priority better, down to 1, for every p_aging
         -- a job has been due), applied to each lane's oldest waiting entry: the lanes are
@@ -553,44 +564,53 @@ BEGIN
             LEFT JOIN {s}.lanes l ON l.queue = p_queue AND l.priority = p.pr
             LEFT JOIN LATERAL (
                 SELECT e.run_at FROM {s}.ready_entries e
-                WHERE (e.slot BETWEEN w.lo1 AND w.hi1 OR e.slot BETWEEN w.lo2 AND w.hi2)
+                WHERE (e.slot BETWEEN lo1 AND hi1 OR e.slot BETWEEN lo2 AND hi2)
                   AND e.queue = p_queue AND e.priority = p.pr AND e.seq >= coalesce(l.cursor, 0)
                   AND NOT EXISTS (SELECT 1 FROM {s}.claimed_entries ce
-                                  WHERE (ce.slot BETWEEN w.lo1 AND w.hi1
-                                         OR ce.slot BETWEEN w.lo2 AND w.hi2)
+                                  WHERE (ce.slot BETWEEN lo1 AND hi1
+                                         OR ce.slot BETWEEN lo2 AND hi2)
                                     AND ce.slot = e.slot
                                     AND ce.queue = e.queue AND ce.priority = e.priority
                                     AND ce.seq = e.seq AND ce.seq >= coalesce(l.cursor, 0))
                 ORDER BY e.seq LIMIT 1) h ON true) x;
     END IF;
     -- Only lanes with an entry at or past their cursor (read without a lock: an entry
-    -- committed after this read is found by the claim its wake-up starts), in the order above.
-    -- A claim of an empty lane locks and upserts its lane row; skipping them quarters an idle
-    -- pickup. One statement probing each lane's index in a nested loop (LIMIT keeps the
-    -- lateral probe from being flattened into a hash join over the whole queue: 33 ms), so
-    -- the slots' index scans are opened once, not once per lane.
-    SELECT coalesce(array_agg(t.pr ORDER BY t.o), '{}') INTO lanes
-    FROM unnest(lanes) WITH ORDINALITY AS t(pr, o)
-    CROSS JOIN LATERAL (
-        SELECT 1 FROM {s}.ready_entries e
-        WHERE (e.slot BETWEEN w.lo1 AND w.hi1 OR e.slot BETWEEN w.lo2 AND w.hi2)
-          AND e.queue = p_queue AND e.priority = t.pr
-          AND e.seq >= cursors[t.pr]
-        LIMIT 1) x;
-    -- Then the `stuck` lanes found empty: they keep an old slot in every probe's window, so
-    -- they are claimed too. There is nothing to take, but the claim creates the lane's row if
-    -- it has none and moves its cursor up to the stable point, so the window narrows again
-    -- after each turn of the ring. An idle lane is claimed (and writes its row) two or three
-    -- times per turn of the ring, and not at all between turns or while the xmin horizon
-    -- holds its stable point back.
-    lanes := lanes || ARRAY(SELECT g.p FROM generate_series(1, 4) AS g(p)
-                            WHERE g.p <> ALL (lanes) AND stuck[g.p] ORDER BY g.p);
+    -- committed after this read is found by the claim its wake-up starts), in the order above:
+    -- a claim of an empty lane locks and upserts its lane row, and skipping them quarters an
+    -- idle pickup. Each lane's probe is a subplan, opened once and rescanned per lane, so the
+    -- slots' index scans are set up once, not once per lane.
+    -- Then the `stuck` lanes found empty, which keep an old slot in every probe's window: a
+    -- claim of one takes nothing, but creates the lane's row if it has none and moves its
+    -- cursor up to the stable point, so the window narrows again as the ring turns. That is
+    -- housekeeping, so it is done when this claim took nothing anyway (an idle poll), or when
+    -- the window has grown past the current slot and the one before it; not by the claim that
+    -- takes a job just woken up (three idle lanes' claims put about 1 ms on a pickup after
+    -- every rotation). An idle lane is claimed (and writes its row) a few times per turn of the
+    -- ring, and not at all while the xmin horizon holds its stable point back.
+    SELECT coalesce(array_agg(t.pr ORDER BY t.o) FILTER (WHERE t.hit), '{}'),
+           coalesce(array_agg(t.pr ORDER BY t.o) FILTER (WHERE NOT t.hit AND stuck[t.pr]), '{}')
+    INTO lanes, idle
+    FROM (SELECT u.pr, u.o, EXISTS (
+              SELECT 1 FROM {s}.ready_entries e
+              WHERE (e.slot BETWEEN lo1 AND hi1 OR e.slot BETWEEN lo2 AND hi2)
+                AND e.queue = p_queue AND e.priority = u.pr
+                AND e.seq >= cursors[u.pr]
+              LIMIT 1) AS hit
+          FROM unnest(lanes) WITH ORDINALITY AS u(pr, o)) t;
     FOREACH pr IN ARRAY lanes LOOP
         EXIT WHEN got >= p_n;
         RETURN QUERY SELECT * FROM {s}.qs_claim(p_queue, pr::smallint, p_n - got, p_deadline);
         GET DIAGNOSTICS k = ROW_COUNT;
         got := got + k;
     END LOOP;
+    IF got = 0 OR hi1 - lo1 + 1 + greatest(hi2 - lo2 + 1, 0) > 2 THEN
+        FOREACH pr IN ARRAY idle LOOP
+            EXIT WHEN got >= p_n;
+            RETURN QUERY SELECT * FROM {s}.qs_claim(p_queue, pr::smallint, p_n - got, p_deadline);
+            GET DIAGNOSTICS k = ROW_COUNT;
+            got := got + k;
+        END LOOP;
+    END IF;
 END $$;
 
 -- Heartbeat open attempts, storing the progress given for each (NULL keeps what is stored);
