@@ -118,14 +118,8 @@ _VALIDATED = ("ours validates before the database and raises awa.ValidationError
 _KEEP_OURS = "ours refuses what awa-pg accepts by accident (see GAPS.md item 2, 'Keep ours'): nothing is stored"
 _DLQ_CANONICAL = ("awa-pg's DLQ calls need queue storage on its default engine; ours work on the canonical "
                   "engine (addition). The qs.dlq.* probes compare the real contract")
-_DLQ_AUTO = ("the probe's qs mode gives ours a queue started with dlq=True, whose failed jobs move to the DLQ "
-             "by themselves: they are already there, so a manual move finds no failed job (None / 0)")
-QUEUE_STORAGE = ("the queue-storage engine and its transition (install_queue_storage, storage_status, "
-                 "prepare_queue_storage_schema, start()'s queue_storage_* keywords) are issue 18, the second "
-                 "storage engine; issue 13 leaves them out by name")
 DELIBERATE_PROBES: list[tuple[str, str]] = [
     # Session 10: the rest of the probe diff, decided.
-    ("qs.setup.install_queue_storage.*", QUEUE_STORAGE),
     ("worker.start_errors.start_unknown_queue_key.*", "issue 13 item 4: an unknown queue key is a ConfigError "
      "naming it and the known keys, never silently ignored (awa-pg ignores it; docs/workers.md)"),
     ("worker.start_errors.start_zero_workers.*", "a queue with max_workers=0 would never run: refused with a "
@@ -181,9 +175,6 @@ DELIBERATE_PROBES: list[tuple[str, str]] = [
     # Item 2: the dead-letter queue.
     ("dlq.*", _DLQ_CANONICAL),
     ("failed.*", "ours on the canonical engine; same contract as qs.failed.*"),
-    ("qs.failed.make_failed_jobs.states", _DLQ_AUTO),
-    ("qs.dlq.move_failed_to_dlq.*", _DLQ_AUTO),
-    ("qs.dlq.bulk_move_failed_to_dlq.by_kind.value", _DLQ_AUTO),
     # Item 5: awa.bridge.
     ("bridge.psycopg_sync.bad_priority.*", "validated by the native module as insert does (ValidationError, "
      "nothing sent); awa-pg lets the CHECK violation surface as the driver's error"),
@@ -492,13 +483,9 @@ def compare_probes(ref: dict[str, Any], ours: dict[str, Any]) -> tuple[list[tupl
 
 
 # awa-pg names that belong to another issue, by glob on the name, with the reason shown in the
-# report; the counts still count them as missing or incompatible.
-OUT_OF_SCOPE: list[tuple[str, str]] = [
-    ("awa.*Client.install_queue_storage", QUEUE_STORAGE),
-    ("awa.*Client.storage_status", QUEUE_STORAGE),
-    ("awa.*Client.prepare_queue_storage_schema", QUEUE_STORAGE),
-    ("awa.AsyncClient.start", QUEUE_STORAGE),
-]
+# report; the counts still count them as missing or incompatible. None now: the last ones, the
+# queue-storage engine's (issue 18), landed in session 15.
+OUT_OF_SCOPE: list[tuple[str, str]] = []
 
 
 def out_of_scope(row: Row) -> str | None:

@@ -555,7 +555,7 @@ class AsyncClient:
         queue_storage_queue_rotate_interval_ms: int = 1000,
         queue_storage_lease_rotate_interval_ms: int = 250,
         queue_storage_claim_rotate_interval_ms: Optional[int] = None,
-        storage_transition_role: Optional[str] = None,
+        storage_transition_role: Optional[str] = "auto",
     ) -> None:
         """Start working ``queues``; handlers run on this loop. See docs/workers.md.
 
