@@ -1682,3 +1682,54 @@ async fn a_claim_that_takes_jobs_leaves_idle_lanes_to_idle_polls() {
     assert_eq!(claim("r").await.unwrap().len(), 2);
     assert_eq!(lane_rows(&db, "r").await, 4, "a wide window left idle lanes");
 }
+
+#[tokio::test]
+async fn the_newest_open_producer_holds_the_stable_point_back() {
+    // A lane's candidate stable point is confirmed once every xid below its `cand_xmax` has
+    // ended, so `cand_xmax` must be above the xid of every producer of a seq at or below
+    // `cand_seq`. A snapshot's xmax is not: it is one past the latest *completed* xid, and a
+    // producer that began after that transaction and is still open holds an xid at or above
+    // it. A candidate taken that way was confirmed while the producer ran, and the cursor
+    // passed its entry (found again only when its slot was reclaimed).
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let (queue, priority) = LANE;
+    // The producer is the newest transaction: no transaction that began after it has ended
+    // when the claims below take their candidate.
+    let mut late = db.pool.begin().await.unwrap();
+    let late_ids = qs
+        .enqueue(&mut *late, &jobs(queue, priority, 1, "late"))
+        .await
+        .unwrap();
+    let (late_seq, late_xid): (i64, i64) = sqlx::query_as(
+        "SELECT seq, pg_current_xact_id()::text::bigint FROM awa_qs.ready_entries WHERE id = $1",
+    )
+    .bind(late_ids[0])
+    .fetch_one(&mut *late)
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        assert!(qs
+            .claim(&db.pool, queue, priority, 10)
+            .await
+            .unwrap()
+            .is_empty());
+        let (cursor, cand_seq, cand_xmax): (i64, i64, i64) = sqlx::query_as(
+            "SELECT cursor, cand_seq, cand_xmax::text::bigint FROM awa_qs.lanes
+             WHERE queue = $1 AND priority = $2",
+        )
+        .bind(queue)
+        .bind(priority)
+        .fetch_one(db.pool.pool())
+        .await
+        .unwrap();
+        assert!(
+            cand_seq < late_seq || cand_xmax > late_xid,
+            "candidate (seq {cand_seq}, xmax {cand_xmax}) covers seq {late_seq} of open xid {late_xid}"
+        );
+        assert!(cursor <= late_seq, "the cursor ({cursor}) passed open seq {late_seq}");
+    }
+    late.commit().await.unwrap();
+    let after = qs.claim(&db.pool, queue, priority, 10).await.unwrap();
+    assert_eq!(after.iter().map(|c| c.id).collect::<Vec<_>>(), late_ids);
+}

@@ -74,7 +74,8 @@ CREATE TABLE {s}.claimed_entries (
 
 -- The claim cursor of each lane and its stable point: every seq at or below `stable_seq` is
 -- committed or gone. `cand_*` is the next stable point, confirmed once every transaction that
--- could hold a seq at or below `cand_seq` has ended (`cand_xmax` <= the xmin horizon).
+-- could hold a seq at or below `cand_seq` has ended (`cand_xmax` <= the xmin horizon):
+-- `cand_xmax` is the xid of the claim that read `cand_seq`, assigned after that read.
 CREATE TABLE {s}.lanes (
     queue      text     NOT NULL,
     priority   smallint NOT NULL,
@@ -370,7 +371,7 @@ END $$;
 -- lease them in the current lease slot, advance the cursor over the consumed prefix (never past
 -- the stable point), and record the next candidate stable point.
 CREATE FUNCTION {s}.qs_claim(p_queue text, p_priority smallint, p_n integer,
-                            p_deadline interval DEFAULT NULL)
+                            p_deadline interval DEFAULT NULL, p_seq bigint DEFAULT NULL)
 RETURNS TABLE (id bigint, kind text, queue text, args jsonb, state text, priority smallint,
                attempt integer, max_attempts integer, run_at timestamptz,
                heartbeat_at timestamptz, deadline_at timestamptz, attempted_at timestamptz,
@@ -392,6 +393,22 @@ DECLARE
     n_picked integer;
     max_seq  bigint;
 BEGIN
+    -- Nothing to take: nothing to read or move (a cursor moved without reading would pass
+    -- whatever is waiting).
+    IF p_n <= 0 THEN
+        RETURN;
+    END IF;
+    -- The next candidate stable point's seq: the last seq drawn, read before this transaction
+    -- holds an xid (the lane's row lock below assigns it). Every producer of a seq at or below
+    -- it held its xid before drawing (`hold_xid`), so before ours: once every xid below ours
+    -- has ended, so has every such producer (the candidate's `cand_xmax` is our xid). Given by
+    -- qs_claim_queue, which reads it before its first lane's lock; NULL when the transaction
+    -- already held an xid, and then this claim sets no new candidate (it still confirms the one
+    -- the lane has). A snapshot's xmax would not do: it is one past the latest *completed*
+    -- xid, and a producer that started after that one and is still running holds an xid at or
+    -- above it.
+    v_seq := coalesce(p_seq, CASE WHEN pg_current_xact_id_if_assigned() IS NULL
+                                  THEN {s}.qs_last_seq() END);
     -- Lock order, everywhere: leases, then a queue slot's tables (reclaim_queue takes leases in
     -- EXCLUSIVE mode before its slot; a claim must not hold a slot's lock while it waits). The
     -- parent alone carries that order (every statement on leases locks the parent first), so
@@ -408,23 +425,21 @@ BEGIN
         WHERE l.queue = p_queue AND l.priority = p_priority FOR UPDATE;
     END IF;
     -- One statement, so one snapshot, taken after the lane lock was granted (it sees every
-    -- claim that committed while we waited): whether the candidate stable point is confirmed,
-    -- the last seq drawn (read after that snapshot), the lease ring's current slot, and the
+    -- claim that committed while we waited): whether the candidate stable point is confirmed
+    -- (every xid below the candidate's has ended), the lease ring's current slot, and the
     -- slots that can hold entries at or past the cursor. The window comes from the snapshot
     -- that confirmed the stable point: every producer of a seq at or below it had ended before
     -- that snapshot, so the slot it appended to is current or sealed at or above its seq there.
-    SELECT lane.cand_xmax <= pg_snapshot_xmin(pg_current_snapshot()), {s}.qs_last_seq(),
+    SELECT lane.cand_xmax <= pg_snapshot_xmin(pg_current_snapshot()),
            r.current, w.lo1, w.hi1, w.lo2, w.hi2
-    INTO confirmed, v_seq, lslot, lo1, hi1, lo2, hi2
+    INTO confirmed, lslot, lo1, hi1, lo2, hi2
     FROM {s}.lease_ring_state r CROSS JOIN {s}.qs_slot_window(lane.cursor) w;
     IF confirmed THEN
         lane.stable_seq := greatest(lane.stable_seq, lane.cand_seq);
-        -- The seq first, then the horizon (a new snapshot): a producer that drew a seq at or
-        -- below v_seq got its xid before that, so below v_xmax. No seq drawn since the last
-        -- candidate: keep it (an idle lane then writes nothing).
+        -- No seq drawn since the last candidate: keep it (an idle lane then writes nothing).
         IF v_seq > lane.cand_seq THEN
             lane.cand_seq := v_seq;
-            lane.cand_xmax := pg_snapshot_xmax(pg_current_snapshot());
+            lane.cand_xmax := pg_current_xact_id();
         END IF;
     END IF;
 
@@ -482,6 +497,8 @@ BEGIN
             UPDATE {s}.lanes l SET cursor = lane.cursor, stable_seq = lane.stable_seq,
                 cand_seq = lane.cand_seq, cand_xmax = lane.cand_xmax
             WHERE l.queue = p_queue AND l.priority = p_priority
+              AND (l.cursor, l.stable_seq, l.cand_seq, l.cand_xmax)
+                  IS DISTINCT FROM (lane.cursor, lane.stable_seq, lane.cand_seq, lane.cand_xmax)
         )
         SELECT p.id, p.kind, p.queue, p.args, 'running'::text, p.priority, p.next_attempt,
                p.max_attempts, p.run_at, p.t0, p.t0 + p_deadline, p.t0, NULL::timestamptz,
@@ -523,6 +540,7 @@ DECLARE
     stuck boolean[];
     paused boolean;
     idle integer[];
+    v_seq bigint;
 BEGIN
     -- Whether the queue is paused (awa.queue_meta, shared with canonical: a paused queue hands
     -- out nothing); each lane's cursor, 0 for a lane without a row (never claimed: its entries
@@ -531,9 +549,12 @@ BEGIN
     -- is at or below the highest seal), and a claim of it, though it finds nothing, would move
     -- it on: it has no row yet, or its cursor is behind its stable point, or its candidate
     -- stable point can be confirmed now, or that candidate is itself below the seal.
+    -- Also the last seq drawn, for the lanes' candidate stable points, read before this
+    -- transaction holds an xid (see qs_claim).
     SELECT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused),
-           c.cursors, c.stuck, w.lo1, w.hi1, w.lo2, w.hi2
-    INTO paused, cursors, stuck, lo1, hi1, lo2, hi2
+           c.cursors, c.stuck, w.lo1, w.hi1, w.lo2, w.hi2,
+           CASE WHEN pg_current_xact_id_if_assigned() IS NULL THEN {s}.qs_last_seq() END
+    INTO paused, cursors, stuck, lo1, hi1, lo2, hi2, v_seq
     FROM (SELECT array_agg(coalesce(l.cursor, 0) ORDER BY g.p) AS cursors,
                  array_agg(coalesce(l.cursor, 0) <= s.newest
                            AND (l.queue IS NULL OR l.cursor <= l.stable_seq
@@ -597,20 +618,14 @@ BEGIN
                 AND e.seq >= cursors[u.pr]
               LIMIT 1) AS hit
           FROM unnest(lanes) WITH ORDINALITY AS u(pr, o)) t;
-    FOREACH pr IN ARRAY lanes LOOP
+    FOREACH pr IN ARRAY lanes || idle LOOP
         EXIT WHEN got >= p_n;
-        RETURN QUERY SELECT * FROM {s}.qs_claim(p_queue, pr::smallint, p_n - got, p_deadline);
+        -- The idle lanes come last: skipped when this claim took a job and the window is narrow.
+        EXIT WHEN pr = ANY (idle) AND got > 0 AND hi1 - lo1 + 1 + greatest(hi2 - lo2 + 1, 0) <= 2;
+        RETURN QUERY SELECT * FROM {s}.qs_claim(p_queue, pr::smallint, p_n - got, p_deadline, v_seq);
         GET DIAGNOSTICS k = ROW_COUNT;
         got := got + k;
     END LOOP;
-    IF got = 0 OR hi1 - lo1 + 1 + greatest(hi2 - lo2 + 1, 0) > 2 THEN
-        FOREACH pr IN ARRAY idle LOOP
-            EXIT WHEN got >= p_n;
-            RETURN QUERY SELECT * FROM {s}.qs_claim(p_queue, pr::smallint, p_n - got, p_deadline);
-            GET DIAGNOSTICS k = ROW_COUNT;
-            got := got + k;
-        END LOOP;
-    END IF;
 END $$;
 
 -- Heartbeat open attempts, storing the progress given for each (NULL keeps what is stored);
