@@ -72,6 +72,33 @@ async fn install_is_idempotent() {
         .expect("second install is a no-op");
 }
 
+/// A producer of one job of `LANE` that stays open: its transaction, the job's id, its seq and
+/// the transaction's xid.
+async fn open_producer(
+    db: &TestDb,
+    qs: &QueueStorage,
+) -> (
+    sqlx::Transaction<'static, sqlx::Postgres>,
+    Vec<i64>,
+    i64,
+    i64,
+) {
+    let (queue, priority) = LANE;
+    let mut tx = db.pool.begin().await.unwrap();
+    let ids = qs
+        .enqueue(&mut *tx, &jobs(queue, priority, 1, "late"))
+        .await
+        .unwrap();
+    let (seq, xid): (i64, i64) = sqlx::query_as(
+        "SELECT seq, pg_current_xact_id()::text::bigint FROM awa_qs.ready_entries WHERE id = $1",
+    )
+    .bind(ids[0])
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    (tx, ids, seq, xid)
+}
+
 #[tokio::test]
 async fn a_late_commit_is_claimed_and_the_cursor_never_passes_it() {
     let db = TestDb::new().await;
@@ -79,16 +106,7 @@ async fn a_late_commit_is_claimed_and_the_cursor_never_passes_it() {
     let (queue, priority) = LANE;
 
     // A producer draws its seq first and commits last.
-    let mut late = db.pool.begin().await.unwrap();
-    let late_ids = qs
-        .enqueue(&mut *late, &jobs(queue, priority, 1, "late"))
-        .await
-        .unwrap();
-    let late_seq: i64 = sqlx::query_scalar("SELECT seq FROM awa_qs.ready_entries WHERE id = $1")
-        .bind(late_ids[0])
-        .fetch_one(&mut *late)
-        .await
-        .unwrap();
+    let (late, late_ids, late_seq, _) = open_producer(&db, &qs).await;
     let early = qs
         .enqueue(db.pool.pool(), &jobs(queue, priority, 2, "early"))
         .await
@@ -1664,9 +1682,17 @@ async fn a_claim_that_takes_jobs_leaves_idle_lanes_to_idle_polls() {
         .unwrap();
     assert_eq!(window(&db, 0).await, BTreeSet::from([0, 1]));
     assert_eq!(claim("q").await.unwrap().len(), 1);
-    assert_eq!(lane_rows(&db, "q").await, 1, "the pickup claimed idle lanes");
+    assert_eq!(
+        lane_rows(&db, "q").await,
+        1,
+        "the pickup claimed idle lanes"
+    );
     assert!(claim("q").await.unwrap().is_empty());
-    assert_eq!(lane_rows(&db, "q").await, 4, "the idle poll left idle lanes");
+    assert_eq!(
+        lane_rows(&db, "q").await,
+        4,
+        "the idle poll left idle lanes"
+    );
 
     // Queue r's idle lanes keep slot 0 in its window while the ring turns twice more: the
     // window spans the whole ring, and the claim that takes r's jobs claims them too.
@@ -1680,7 +1706,11 @@ async fn a_claim_that_takes_jobs_leaves_idle_lanes_to_idle_polls() {
         .unwrap();
     assert_eq!(window(&db, 0).await, BTreeSet::from([0, 1, 2, 3]));
     assert_eq!(claim("r").await.unwrap().len(), 2);
-    assert_eq!(lane_rows(&db, "r").await, 4, "a wide window left idle lanes");
+    assert_eq!(
+        lane_rows(&db, "r").await,
+        4,
+        "a wide window left idle lanes"
+    );
 }
 
 #[tokio::test]
@@ -1696,18 +1726,7 @@ async fn the_newest_open_producer_holds_the_stable_point_back() {
     let (queue, priority) = LANE;
     // The producer is the newest transaction: no transaction that began after it has ended
     // when the claims below take their candidate.
-    let mut late = db.pool.begin().await.unwrap();
-    let late_ids = qs
-        .enqueue(&mut *late, &jobs(queue, priority, 1, "late"))
-        .await
-        .unwrap();
-    let (late_seq, late_xid): (i64, i64) = sqlx::query_as(
-        "SELECT seq, pg_current_xact_id()::text::bigint FROM awa_qs.ready_entries WHERE id = $1",
-    )
-    .bind(late_ids[0])
-    .fetch_one(&mut *late)
-    .await
-    .unwrap();
+    let (late, late_ids, late_seq, late_xid) = open_producer(&db, &qs).await;
     for _ in 0..3 {
         assert!(qs
             .claim(&db.pool, queue, priority, 10)
@@ -1727,7 +1746,10 @@ async fn the_newest_open_producer_holds_the_stable_point_back() {
             cand_seq < late_seq || cand_xmax > late_xid,
             "candidate (seq {cand_seq}, xmax {cand_xmax}) covers seq {late_seq} of open xid {late_xid}"
         );
-        assert!(cursor <= late_seq, "the cursor ({cursor}) passed open seq {late_seq}");
+        assert!(
+            cursor <= late_seq,
+            "the cursor ({cursor}) passed open seq {late_seq}"
+        );
     }
     late.commit().await.unwrap();
     let after = qs.claim(&db.pool, queue, priority, 10).await.unwrap();
