@@ -467,18 +467,6 @@ BEGIN
         LIMIT p_n
     ) p;
 
-    -- The cursor, never past the first unclaimed committed entry nor past the stable point
-    -- plus one (every seq at or below the stable point is committed or gone), from what the
-    -- claim took, without reading the lane again: the picked entries are the lowest unclaimed
-    -- ones this snapshot sees, and it sees every seq at or below the stable point (the lane
-    -- lock above waited for any other claim of the lane). Fewer than p_n: none is left below
-    -- the stable point. Exactly p_n: everything up to the last one taken is claimed now.
-    IF n_picked < p_n THEN
-        lane.cursor := greatest(lane.cursor, lane.stable_seq + 1);
-    ELSE
-        lane.cursor := greatest(lane.cursor, least(max_seq + 1, lane.stable_seq + 1));
-    END IF;
-    -- The claimed entries, the leases and the lane's new cursor in one statement.
     IF n_picked > 0 THEN
         RETURN QUERY
         WITH picked AS (
@@ -493,26 +481,31 @@ BEGIN
             SELECT lslot, p.id, p.next_lease, p_queue, p_priority, p.slot, p.generation, p.seq,
                    p.next_attempt, p.t0, p.t0 + p_deadline, p.t0, p.progress
             FROM picked p
-        ), moved AS (
-            UPDATE {s}.lanes l SET cursor = lane.cursor, stable_seq = lane.stable_seq,
-                cand_seq = lane.cand_seq, cand_xmax = lane.cand_xmax
-            WHERE l.queue = p_queue AND l.priority = p_priority
-              AND (l.cursor, l.stable_seq, l.cand_seq, l.cand_xmax)
-                  IS DISTINCT FROM (lane.cursor, lane.stable_seq, lane.cand_seq, lane.cand_xmax)
         )
         SELECT p.id, p.kind, p.queue, p.args, 'running'::text, p.priority, p.next_attempt,
                p.max_attempts, p.run_at, p.t0, p.t0 + p_deadline, p.t0, NULL::timestamptz,
                p.created_at, p.errors, p.metadata, p.tags, p.unique_key, p.unique_states,
                NULL::text, NULL::timestamptz, p.next_lease, p.progress, p.ordering_key
         FROM picked p ORDER BY p.seq;
-    ELSE
-        -- An idle poll changes nothing: write nothing then (no dead tuple per poll).
-        UPDATE {s}.lanes l SET cursor = lane.cursor, stable_seq = lane.stable_seq,
-            cand_seq = lane.cand_seq, cand_xmax = lane.cand_xmax
-        WHERE l.queue = p_queue AND l.priority = p_priority
-          AND (l.cursor, l.stable_seq, l.cand_seq, l.cand_xmax)
-              IS DISTINCT FROM (lane.cursor, lane.stable_seq, lane.cand_seq, lane.cand_xmax);
     END IF;
+
+    -- The cursor, never past the first unclaimed committed entry nor past the stable point
+    -- plus one (every seq at or below the stable point is committed or gone), from what the
+    -- claim took, without reading the lane again: the picked entries are the lowest unclaimed
+    -- ones this snapshot sees, and it sees every seq at or below the stable point (the lane
+    -- lock above waited for any other claim of the lane). Fewer than p_n: none is left below
+    -- the stable point. Exactly p_n: everything up to the last one taken is claimed now.
+    IF n_picked < p_n THEN
+        lane.cursor := greatest(lane.cursor, lane.stable_seq + 1);
+    ELSE
+        lane.cursor := greatest(lane.cursor, least(max_seq + 1, lane.stable_seq + 1));
+    END IF;
+    -- An unchanged lane is not written (an idle poll then leaves no dead tuple).
+    UPDATE {s}.lanes l SET cursor = lane.cursor, stable_seq = lane.stable_seq,
+        cand_seq = lane.cand_seq, cand_xmax = lane.cand_xmax
+    WHERE l.queue = p_queue AND l.priority = p_priority
+      AND (l.cursor, l.stable_seq, l.cand_seq, l.cand_xmax)
+          IS DISTINCT FROM (lane.cursor, lane.stable_seq, lane.cand_seq, lane.cand_xmax);
     RETURN;
 END $$;
 
