@@ -544,10 +544,7 @@ async fn staged_follow_ups_are_discarded_on_every_outcome_but_completed(path: Pa
     // The test runs on a current-thread runtime, so the client's tasks log to this recorder.
     let recorder = trace::Recorder::default();
     let rec = recorder.0.clone();
-    let guard = tracing::subscriber::set_default(recorder);
-    // Tests on other threads (no subscriber) may have registered a callsite concurrently with
-    // this subscriber and cached it as disabled; recompute every callsite's interest now.
-    tracing::callsite::rebuild_interest_cache();
+    let guard = trace::record(recorder);
     client.start().await.expect("start");
     for (id, (mode, state)) in ids.iter().zip(want) {
         let row = wait_for_state(&db, *id, &[state], T).await;
@@ -1562,15 +1559,94 @@ async fn work_one_inserts_with_completion_applies_poisoning_and_discards_otherwi
 
 mod trace {
     //! A minimal subscriber that records spans (with their parents) and events (with the span
-    //! current when they fired). Installed with `set_default`, so it sees only this thread; the
-    //! test runs on a current-thread runtime, where every task of the test runs here.
+    //! current when they fired), for one thread only: the test runs on a current-thread runtime,
+    //! where every task of the test runs on its thread.
+    //!
+    //! It is not installed with `set_default`. A scoped dispatcher races with tests on other
+    //! threads: one that registers a callsite while the scoped dispatcher is being added caches
+    //! that callsite as disabled for good (`rebuild_interest_cache` narrows the window but cannot
+    //! close it), and the event is then never seen. Instead one process-wide [`Global`]
+    //! subscriber is installed once; it answers "sometimes" for every callsite, so `enabled` is
+    //! asked at each event, and it forwards to the recorder [`record`] put on the current thread.
+    use std::cell::RefCell;
     use std::collections::HashMap;
     use std::fmt::Write;
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex};
+    use std::sync::{Arc, Mutex, Once};
     use tracing::field::{Field, Visit};
     use tracing::span::{Attributes, Id, Record};
+    use tracing::subscriber::Interest;
     use tracing::{Event, Metadata, Subscriber};
+
+    thread_local! {
+        static CURRENT: RefCell<Option<Recorder>> = const { RefCell::new(None) };
+    }
+
+    /// Stops this thread's recording when dropped.
+    pub struct Recording(());
+
+    impl Drop for Recording {
+        fn drop(&mut self) {
+            CURRENT.with(|c| c.borrow_mut().take());
+        }
+    }
+
+    /// Records this thread's spans and events into `recorder` until the guard is dropped.
+    pub fn record(recorder: Recorder) -> Recording {
+        static INSTALL: Once = Once::new();
+        INSTALL.call_once(|| {
+            tracing::subscriber::set_global_default(Global)
+                .expect("no other global subscriber in this test binary");
+        });
+        CURRENT.with(|c| *c.borrow_mut() = Some(recorder));
+        Recording(())
+    }
+
+    fn current() -> Option<Recorder> {
+        CURRENT.with(|c| c.borrow().clone())
+    }
+
+    /// The process-wide subscriber: every call goes to the current thread's recorder, if any.
+    struct Global;
+
+    impl Subscriber for Global {
+        fn register_callsite(&self, _: &'static Metadata<'static>) -> Interest {
+            Interest::sometimes()
+        }
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            CURRENT.with(|c| c.borrow().is_some())
+        }
+        fn new_span(&self, attrs: &Attributes<'_>) -> Id {
+            match current() {
+                Some(r) => r.new_span(attrs),
+                // Unreachable in practice (`enabled` said no), but an id must be returned.
+                None => Id::from_u64(u64::MAX),
+            }
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, event: &Event<'_>) {
+            if let Some(r) = current() {
+                r.event(event)
+            }
+        }
+        fn enter(&self, id: &Id) {
+            if let Some(r) = current() {
+                r.enter(id)
+            }
+        }
+        fn exit(&self, id: &Id) {
+            if let Some(r) = current() {
+                r.exit(id)
+            }
+        }
+        fn current_span(&self) -> tracing_core::span::Current {
+            match current() {
+                Some(r) => r.current_span(),
+                None => tracing_core::span::Current::none(),
+            }
+        }
+    }
 
     #[derive(Debug, Clone)]
     pub struct SpanRec {
@@ -1697,10 +1773,7 @@ async fn the_follow_up_span_is_a_child_of_the_span_current_when_staged(path: Pat
         .expect("create trigger");
     let recorder = trace::Recorder::default();
     let rec = recorder.0.clone();
-    let guard = tracing::subscriber::set_default(recorder);
-    // Tests on other threads (no subscriber) may have registered a callsite concurrently with
-    // this subscriber and cached it as disabled; recompute every callsite's interest now.
-    tracing::callsite::rebuild_interest_cache();
+    let guard = trace::record(recorder);
     // Unrelated work on the same thread while the completion runs: none of it may be
     // attributed to the follow-up's span.
     let ticker = tokio::spawn(async {
@@ -1790,10 +1863,7 @@ async fn logs_name_kinds_and_job_ids_but_never_args(path: Path) {
     let db = test_db().await;
     let recorder = trace::Recorder::default();
     let rec = recorder.0.clone();
-    let guard = tracing::subscriber::set_default(recorder);
-    // Tests on other threads (no subscriber) may have registered a callsite concurrently with
-    // this subscriber and cached it as disabled; recompute every callsite's interest now.
-    tracing::callsite::rebuild_interest_cache();
+    let guard = trace::record(recorder);
     let h = handler(|ctx: Arc<JobContext>| {
         let follow_ups = ctx.follow_ups();
         let args: StageA = serde_json::from_value(ctx.job().args.clone()).expect("args");
