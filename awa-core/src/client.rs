@@ -299,6 +299,11 @@ impl Client {
                 self.inner.pool.with_engine(engine)
             }
         };
+        if let Engine::QueueStorage(qs) = pool.engine() {
+            // A substrate an older library installed gets this library's functions (and the
+            // fixes in them) before this runtime calls one; a no-op read when current.
+            qs.upgrade(&pool).await?;
+        }
         crate::cron::upsert(&self.inner.pool, &self.inner.periodic).await?;
         // Written before the runtime starts, so a start that returned has its catalogue rows.
         descriptors::sync(

@@ -15,6 +15,7 @@ use awa_core::storage::queue_storage::{Finish, QueueStorage};
 use awa_core::{AwaError, NewJob};
 use common::TestDb;
 use serde_json::json;
+use sqlx::Connection;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -1754,4 +1755,236 @@ async fn the_newest_open_producer_holds_the_stable_point_back() {
     late.commit().await.unwrap();
     let after = qs.claim(&db.pool, queue, priority, 10).await.unwrap();
     assert_eq!(after.iter().map(|c| c.id).collect::<Vec<_>>(), late_ids);
+}
+
+/// What `pg_proc` holds for a function of the test schema: its signatures and comments.
+async fn overloads(db: &TestDb, name: &str) -> Vec<(String, Option<String>)> {
+    sqlx::query_as(
+        "SELECT p.oid::regprocedure::text, obj_description(p.oid, 'pg_proc')
+         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'awa_qs' AND p.proname = $1 ORDER BY 1",
+    )
+    .bind(name)
+    .fetch_all(&db.pool)
+    .await
+    .expect("pg_proc")
+}
+
+/// Make the test schema look as an older library left it: no version kept, an overload of
+/// `qs_claim` with an older signature (which makes a three-argument call ambiguous), and a
+/// `qs_claim_queue` that hands out nothing.
+async fn age_substrate(db: &TestDb) {
+    for sql in [
+        "DROP TABLE awa_qs.qs_substrate",
+        "CREATE FUNCTION awa_qs.qs_claim(p_queue text, p_priority smallint, p_n integer)
+         RETURNS SETOF bigint LANGUAGE sql AS 'SELECT NULL::bigint WHERE false'",
+        "CREATE OR REPLACE FUNCTION awa_qs.qs_claim_queue(p_queue text, p_n integer,
+             p_deadline interval DEFAULT NULL, p_aging interval DEFAULT NULL)
+         RETURNS SETOF awa_qs.ready_entries LANGUAGE plpgsql AS 'BEGIN RETURN; END'",
+    ] {
+        // The last one changes the return type: dropped first, as an older install had it.
+        if sql.contains("qs_claim_queue") {
+            sqlx::query("DROP FUNCTION awa_qs.qs_claim_queue(text, integer, interval, interval)")
+                .execute(&db.pool)
+                .await
+                .expect("drop");
+        }
+        sqlx::query(sql).execute(&db.pool).await.expect(sql);
+    }
+}
+
+#[tokio::test]
+async fn an_older_substrate_gets_this_librarys_functions_and_keeps_its_jobs() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let ids = qs
+        .enqueue(&db.pool, &jobs(LANE.0, LANE.1, 2, "old"))
+        .await
+        .expect("enqueue");
+    let first = qs.claim(&db.pool, LANE.0, LANE.1, 1).await.expect("claim");
+    assert_eq!(first.len(), 1);
+    assert_eq!(
+        qs.installed_version(&db.pool).await.expect("version"),
+        Some(awa_core::storage::queue_storage::SUBSTRATE_VERSION)
+    );
+    age_substrate(&db).await;
+    assert_eq!(
+        qs.installed_version(&db.pool).await.expect("version"),
+        Some(1)
+    );
+    assert_eq!(overloads(&db, "qs_claim").await.len(), 2);
+    // On a new connection (the pool's may hold a plan naming the function they first found).
+    let mut fresh = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    let broken = sqlx::query("SELECT * FROM awa_qs.qs_claim('q', 2::smallint, 1)")
+        .fetch_all(&mut fresh)
+        .await
+        .expect_err("the aged substrate is broken as set up");
+    assert!(broken.to_string().contains("is not unique"), "{broken}");
+
+    // Installing again (install_queue_storage without reset, or a transition's prepare)
+    // replaces the functions and leaves every row where it was.
+    qs.install(&db.pool)
+        .await
+        .expect("install over the old substrate");
+    assert_eq!(
+        qs.installed_version(&db.pool).await.expect("version"),
+        Some(awa_core::storage::queue_storage::SUBSTRATE_VERSION)
+    );
+    assert_eq!(
+        overloads(&db, "qs_claim").await.len(),
+        1,
+        "the old overload is gone"
+    );
+    let trigger: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'awa_qs.ready_entries'::regclass
+           AND tgname = 'qs_hold_xid'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("trigger");
+    assert_eq!(trigger, 1, "the producers' trigger is kept, once");
+    let second = qs
+        .claim_queue(&db.pool, LANE.0, 5, None)
+        .await
+        .expect("claim after the upgrade");
+    assert_eq!(
+        second.iter().map(|j| j.id).collect::<Vec<_>>(),
+        vec![ids[1]]
+    );
+    let done = qs
+        .complete(
+            &db.pool,
+            &[first[0].id, second[0].id],
+            &[first[0].run_lease, second[0].run_lease],
+        )
+        .await
+        .expect("complete");
+    assert_eq!(
+        done.len(),
+        2,
+        "the lease taken before the upgrade completes too"
+    );
+    let states: Vec<String> = qs
+        .jobs(&db.pool)
+        .await
+        .expect("jobs")
+        .into_iter()
+        .map(|j| j.state.to_string())
+        .collect();
+    assert_eq!(states, vec!["completed", "completed"]);
+    // A second install finds nothing to do.
+    qs.install(&db.pool).await.expect("install again");
+    assert_eq!(overloads(&db, "qs_claim").await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_current_or_newer_substrate_is_left_alone() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let mark = |tag: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query(&format!(
+                "COMMENT ON FUNCTION awa_qs.qs_last_seq() IS '{tag}'"
+            ))
+            .execute(&pool)
+            .await
+            .expect("comment");
+        }
+    };
+    mark("current").await;
+    assert!(!qs.upgrade(&db.pool).await.expect("upgrade"));
+    qs.install(&db.pool).await.expect("install");
+    assert_eq!(
+        overloads(&db, "qs_last_seq").await[0].1.as_deref(),
+        Some("current"),
+        "a current substrate's functions are not replaced"
+    );
+    let newer = awa_core::storage::queue_storage::SUBSTRATE_VERSION + 1;
+    sqlx::query("UPDATE awa_qs.qs_substrate SET version = $1")
+        .bind(newer)
+        .execute(&db.pool)
+        .await
+        .expect("newer");
+    mark("newer").await;
+    qs.install(&db.pool).await.expect("install");
+    assert!(!qs.upgrade(&db.pool).await.expect("upgrade"));
+    assert_eq!(
+        overloads(&db, "qs_last_seq").await[0].1.as_deref(),
+        Some("newer"),
+        "a newer library's functions are not replaced by an older one's"
+    );
+    assert_eq!(
+        qs.installed_version(&db.pool).await.expect("version"),
+        Some(newer)
+    );
+    // Nothing installed: nothing to upgrade, and no error.
+    let elsewhere = QueueStorage::new("awa_qs_none", 4, 2).expect("config");
+    assert_eq!(
+        elsewhere
+            .installed_version(&db.pool)
+            .await
+            .expect("version"),
+        None
+    );
+    assert!(!elsewhere.upgrade(&db.pool).await.expect("upgrade"));
+}
+
+/// The kind `jobs()` enqueues ("k").
+#[derive(serde::Serialize, serde::Deserialize)]
+struct K {}
+impl awa_core::JobArgs for K {
+    fn kind() -> String {
+        "k".into()
+    }
+}
+
+#[tokio::test]
+async fn a_runtime_start_upgrades_an_older_substrate_before_it_claims() {
+    use awa_core::storage::engine::Engine;
+    use awa_core::{Client, JobResult, QueueConfig, RuntimeConfig};
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    age_substrate(&db).await;
+    let pool = db
+        .pool
+        .with_engine(Engine::QueueStorage(Arc::new(qs.clone())));
+    let client = Client::builder(pool.clone())
+        .queue(LANE.0, QueueConfig::new(1))
+        .config(RuntimeConfig {
+            poll_interval: Duration::from_millis(50),
+            ..RuntimeConfig::default()
+        })
+        .register::<K, _, _>(|_args, _ctx| async move { Ok(JobResult::Completed) })
+        .build()
+        .expect("build");
+    client.start().await.expect("start");
+    assert_eq!(
+        qs.installed_version(&db.pool).await.expect("version"),
+        Some(awa_core::storage::queue_storage::SUBSTRATE_VERSION)
+    );
+    // Straight into the substrate (the transition state still routes new jobs to canonical).
+    let id = qs
+        .enqueue(&db.pool, &jobs(LANE.0, LANE.1, 1, "after start"))
+        .await
+        .expect("enqueue")[0];
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let state = qs
+            .jobs(&db.pool)
+            .await
+            .expect("jobs")
+            .into_iter()
+            .find(|j| j.id == id)
+            .map(|j| j.state.to_string());
+        if state.as_deref() == Some("completed") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not completed: {state:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    client.shutdown(Duration::from_secs(5)).await;
 }

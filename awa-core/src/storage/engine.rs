@@ -16,7 +16,7 @@
 //! requests, releases of unstarted jobs, batched completion with follow-ups in the same
 //! transaction, every per-job outcome (completed with follow-ups, retryable, snoozed, failed,
 //! cancelled, parked on a callback), rescue, promotion and both rings' rotation, unique
-//! keys (`unique_keys`, checked lazily: install.sql), and the public insert paths
+//! keys (`unique_keys`, checked lazily: functions.sql), and the public insert paths
 //! (`storage::routing`), the DLQ (the finalizer's and rescue's moves). Operator actions on
 //! jobs of either engine are `storage::routing`'s and `storage::dlq`'s. Rescue fires registered specs'
 //! follow-ups. Batch operations change both engines' jobs

@@ -196,20 +196,8 @@ fn uninstall_sql(schema: &str) -> String {
         sql.push_str(&format!("DROP TABLE IF EXISTS {schema}.{table} CASCADE;\n"));
     }
     sql.push_str(&format!("DROP SEQUENCE IF EXISTS {schema}.qs_seq;\n"));
-    // By name and schema, whatever their arguments (only the install script's functions: a
-    // schema shared with canonical keeps canonical's).
-    let names: Vec<String> = QueueStorage::functions()
-        .iter()
-        .map(|f| format!("'{f}'"))
-        .collect();
-    sql.push_str(&format!(
-        "DO $$ DECLARE f regprocedure; BEGIN
-             FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
-                      JOIN pg_namespace n ON n.oid = p.pronamespace
-                      WHERE n.nspname = '{schema}' AND p.proname IN ({})
-             LOOP EXECUTE 'DROP FUNCTION ' || f || ' CASCADE'; END LOOP;
-         END $$;\n",
-        names.join(", ")
+    sql.push_str(&crate::storage::queue_storage::drop_functions_sql(
+        schema, true,
     ));
     sql
 }
@@ -428,6 +416,7 @@ mod tests {
             "leases",
             "deferred_jobs",
             "unique_keys",
+            "qs_substrate",
         ] {
             assert!(tables.contains(&name), "{name} missing from {tables:?}");
         }

@@ -1,13 +1,14 @@
 //! Queue storage, the second engine (issue 18, `docs/queue-storage-design.md`): the
 //! append-only substrate and its hot path.
 //!
-//! **Status: the substrate, not yet an engine the runtime can select.** This module installs
-//! the tables and functions (`install.sql`) and drives the hot path directly: insert due jobs,
-//! claim through a lane's cursor and stable point, complete behind the lease guard with narrow
-//! receipts, rescue, promote, and rotate both rings, reclaiming the oldest queue slot with
-//! carry-forward and `TRUNCATE`. Its tests (`awa-core/tests/queue_storage_test.rs`) hold it to
-//! the properties the rotation model (`correctness/storage/AwaQueueRotation.tla`) checks. What
-//! is still missing before a client can run on it is listed in the design document.
+//! This module installs the tables (`install.sql`) and the functions (`functions.sql`,
+//! versioned by [`SUBSTRATE_VERSION`] and replaced when an older library installed them) and
+//! drives the hot path: insert due jobs, claim through a lane's cursor and stable point,
+//! complete behind the lease guard with narrow receipts, rescue, promote, and rotate both
+//! rings, reclaiming the oldest queue slot with carry-forward and `TRUNCATE`. The runtime
+//! reaches it through `storage::engine::Engine`. Its tests
+//! (`awa-core/tests/queue_storage_test.rs`) hold it to the properties the rotation model
+//! (`correctness/storage/AwaQueueRotation.tla`) checks.
 
 use crate::error::{AwaError, Result};
 use crate::model::job::JOB_COLUMNS;
@@ -22,6 +23,15 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 const INSTALL_SQL: &str = include_str!("install.sql");
+/// The functions working on those tables (and the trigger calling one): run after
+/// `INSTALL_SQL` by a fresh install, and on their own by an upgrade.
+const FUNCTIONS_SQL: &str = include_str!("functions.sql");
+/// The version of `functions.sql`, kept in `{schema}.qs_substrate`. Raise it with every change
+/// to that file: an install or a runtime start that finds an older version (or none: every
+/// substrate installed before the table existed is version 1) replaces every function, so a
+/// fix there reaches databases installed before it without `reset=True`. One that finds a
+/// newer version (a newer library's) leaves it alone.
+pub const SUBSTRATE_VERSION: i32 = 2;
 /// Operator actions and the test harness's claim, and external callbacks' resolution:
 /// replaced at every install call (so a substrate installed before one of them existed gets
 /// it).
@@ -138,7 +148,9 @@ impl QueueStorage {
     /// The substrate's tables (their children and the view go with them), read from the
     /// install script itself so that removing them cannot miss one added later.
     pub(crate) fn tables() -> Vec<&'static str> {
-        Self::created("CREATE TABLE {s}.")
+        let mut tables = Self::created("CREATE TABLE {s}.");
+        tables.extend(Self::created("CREATE TABLE IF NOT EXISTS {s}."));
+        tables
     }
 
     /// The substrate's functions, read from the install script as [`QueueStorage::tables`].
@@ -150,6 +162,7 @@ impl QueueStorage {
         let replaced = prefix.replacen("CREATE ", "CREATE OR REPLACE ", 1);
         INSTALL_SQL
             .lines()
+            .chain(FUNCTIONS_SQL.lines())
             .chain(REPLACED_SQL.iter().flat_map(|script| script.lines()))
             .filter_map(move |line| {
                 line.strip_prefix(prefix)
@@ -187,7 +200,9 @@ impl QueueStorage {
 
     /// [`QueueStorage::install`] on the caller's open transaction.
     pub async fn install_in(&self, conn: &mut PgConnection) -> Result<()> {
-        if !self.installed_on(conn).await? {
+        if self.installed_on(conn).await? {
+            self.upgrade_in(conn).await?;
+        } else {
             let sql = INSTALL_SQL
                 .replace("{s}", &self.schema)
                 .replace("{q}", &self.queue_slots.to_string())
@@ -195,11 +210,101 @@ impl QueueStorage {
             // The simple-query protocol runs the whole script (raw_sql's future is not `Send`
             // for every lifetime, which a spawned caller needs).
             sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
+            self.write_functions(conn, false).await?;
         }
         for script in REPLACED_SQL {
             let sql = script.replace("{s}", &self.schema);
             sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
         }
+        Ok(())
+    }
+
+    /// The version of the installed functions ([`SUBSTRATE_VERSION`]): 1 for a substrate
+    /// installed before versions were kept, `None` where none is installed. Read through the
+    /// statement's snapshot, not the catalog cache (which a wait on the upgrade's lock does
+    /// not refresh).
+    pub async fn installed_version(&self, pool: &Db) -> Result<Option<i32>> {
+        let mut conn = pool.pool().acquire().await?;
+        self.version_on(&mut conn).await
+    }
+
+    async fn version_on(&self, conn: &mut PgConnection) -> Result<Option<i32>> {
+        let (ring, kept): (bool, bool) = sqlx::query_as(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+                            JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                            WHERE n.nspname = $1 AND c.relname = 'queue_ring_state'),
+                    EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+                            JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                            WHERE n.nspname = $1 AND c.relname = 'qs_substrate')",
+        )
+        .bind(&self.schema)
+        .fetch_one(&mut *conn)
+        .await?;
+        if !ring {
+            return Ok(None);
+        }
+        if !kept {
+            return Ok(Some(1));
+        }
+        let sql = format!("SELECT version FROM {}", self.name("qs_substrate"));
+        let version: Option<i32> = sqlx::query_scalar(&sql).fetch_optional(&mut *conn).await?;
+        Ok(Some(version.unwrap_or(1)))
+    }
+
+    /// Replace the substrate's functions when they are older than this library's
+    /// ([`SUBSTRATE_VERSION`]), in one transaction; the tables and every row in them are
+    /// untouched. Returns whether it replaced them. A no-op (one read) when they are current
+    /// or newer, or when no substrate is installed here. Concurrent callers take turns, and
+    /// the later ones find the work done. What runs meanwhile keeps working: the functions'
+    /// signatures stay callable by older runtimes, and a call in flight finishes with the
+    /// version it started with.
+    pub async fn upgrade(&self, pool: &Db) -> Result<bool> {
+        let mut tx = pool.begin().await?;
+        let upgraded = self.upgrade_in(&mut tx).await?;
+        tx.commit().await?;
+        Ok(upgraded)
+    }
+
+    async fn upgrade_in(&self, conn: &mut PgConnection) -> Result<bool> {
+        match self.version_on(conn).await? {
+            Some(v) if v < SUBSTRATE_VERSION => {}
+            _ => return Ok(false),
+        }
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('awa.qs_substrate'), hashtext($1))")
+            .bind(&self.schema)
+            .execute(&mut *conn)
+            .await?;
+        match self.version_on(conn).await? {
+            Some(v) if v < SUBSTRATE_VERSION => {}
+            _ => return Ok(false),
+        }
+        self.write_functions(conn, true).await?;
+        tracing::info!(
+            schema = %self.schema,
+            version = SUBSTRATE_VERSION,
+            "queue storage functions upgraded"
+        );
+        Ok(true)
+    }
+
+    /// Run `functions.sql` (after dropping every function it names, whatever the arguments,
+    /// when `replace`) and record its version.
+    async fn write_functions(&self, conn: &mut PgConnection, replace: bool) -> Result<()> {
+        let mut sql = String::new();
+        if replace {
+            sql.push_str(&drop_functions_sql(&self.schema, false));
+        }
+        sql.push_str(&FUNCTIONS_SQL.replace("{s}", &self.schema));
+        sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
+        let record = format!(
+            "INSERT INTO {} (version) VALUES ($1)
+             ON CONFLICT (singleton) DO UPDATE SET version = excluded.version",
+            self.name("qs_substrate")
+        );
+        sqlx::query(&record)
+            .bind(SUBSTRATE_VERSION)
+            .execute(&mut *conn)
+            .await?;
         Ok(())
     }
 
@@ -1018,4 +1123,29 @@ impl QueueStorage {
             })
             .collect())
     }
+}
+
+/// SQL dropping every function the substrate's scripts create in `schema`, by name and
+/// whatever its arguments (only those: a schema shared with canonical keeps canonical's).
+/// Trigger functions too only when `triggers` (they are replaced in place on an upgrade:
+/// dropping one drops its trigger).
+pub(crate) fn drop_functions_sql(schema: &str, triggers: bool) -> String {
+    let names: Vec<String> = QueueStorage::functions()
+        .iter()
+        .map(|f| format!("'{f}'"))
+        .collect();
+    let keep = if triggers {
+        ""
+    } else {
+        " AND p.prorettype <> 'trigger'::regtype"
+    };
+    format!(
+        "DO $$ DECLARE f regprocedure; BEGIN
+             FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+                      JOIN pg_namespace n ON n.oid = p.pronamespace
+                      WHERE n.nspname = '{schema}' AND p.proname IN ({}){keep}
+             LOOP EXECUTE 'DROP FUNCTION ' || f || ' CASCADE'; END LOOP;
+         END $$;\n",
+        names.join(", ")
+    )
 }

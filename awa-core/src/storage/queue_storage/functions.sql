@@ -1,0 +1,1068 @@
+-- Queue storage's functions (issue 18; docs/queue-storage-design.md): its hot path, rotation
+-- and reclaim. `{s}` is the substrate schema (a checked identifier).
+--
+-- Run after `install.sql` by a fresh install, and again on its own by an install or a runtime
+-- start that finds the substrate's functions older than this file (mod.rs
+-- `SUBSTRATE_VERSION`, kept in `{s}.qs_substrate`): every function named in this file is
+-- dropped first, whatever its arguments, and created again, so a changed signature leaves no
+-- old overload behind. Keep every signature a running older runtime calls callable (add
+-- parameters with defaults), and raise `SUBSTRATE_VERSION` with every change here.
+--
+-- Rules every function here keeps (correctness/storage/AwaQueueRotation.tla):
+-- - a ready entry is never updated or deleted; a slot loses its rows only by TRUNCATE, after
+--   carrying forward whatever in it is still live;
+-- - a producer holds its transaction id before it draws a seq (`hold_xid` trigger), so the
+--   claim cursor's stable point can be derived from the xmin horizon;
+-- - a lease row is the attempt's guard: whatever deletes it owns the attempt's outcome.
+
+-- The version of the functions below (the installer writes it after running this file).
+CREATE TABLE IF NOT EXISTS {s}.qs_substrate (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    version   integer NOT NULL
+);
+
+-- A producer holds its transaction id before it draws a seq (once per statement; COPY too),
+-- and refuses to append once routing has moved away from this schema (migration 12's route
+-- check: a producer that read the route before an abort must not strand a job here).
+CREATE OR REPLACE FUNCTION {s}.qs_hold_xid() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM awa.storage_route_check('{s}');
+    PERFORM pg_current_xact_id();
+    RETURN NULL;
+END $$;
+-- Replaced in place, never dropped (an upgrade keeps trigger functions): dropping it would drop
+-- the trigger, and creating that again locks ready_entries against every producer and claim.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgname = 'qs_hold_xid' AND tgrelid = '{s}.ready_entries'::regclass) THEN
+        CREATE TRIGGER qs_hold_xid BEFORE INSERT ON {s}.ready_entries
+            FOR EACH STATEMENT EXECUTE FUNCTION {s}.qs_hold_xid();
+    END IF;
+END $$;
+
+-- The ring's lock: every writer of ready entries holds it shared from before it reads the
+-- current slot until it commits (`qs_current_slot`); a rotation takes it exclusively, so once it
+-- has it, no transaction that could still append to the slot it closes is running, and none
+-- can start appending there after it commits. That makes a closed slot's seq bound final.
+-- (PL/pgSQL: a `LANGUAGE sql` function is planned again at every call on PostgreSQL 15.)
+CREATE FUNCTION {s}.qs_ring_lock_shared() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtext('awa.qs_ring'), hashtext('{s}'));
+END $$;
+
+-- The last seq drawn (0 before the first: `last_value` reads 1 until then, `is_called` tells).
+-- Read outside any snapshot: a sequence shows its current value to every transaction.
+CREATE FUNCTION {s}.qs_last_seq() RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN (SELECT CASE WHEN q.is_called THEN q.last_value ELSE q.last_value - 1 END
+            FROM {s}.qs_seq q);
+END $$;
+
+-- The current queue slot and its generation (a producer appends there, and only there).
+-- Taken under the ring's shared lock, read in a statement of its own (under READ COMMITTED a
+-- new snapshot, which sees every rotation that committed before the lock was granted). A
+-- REPEATABLE READ or SERIALIZABLE transaction keeps its first snapshot, which may predate a
+-- rotation: it locks the ring's row, which fails with a serialization error (40001) when a
+-- rotation changed it after that snapshot, so it never appends to a closed slot.
+CREATE FUNCTION {s}.qs_current_slot(OUT slot integer, OUT generation bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM {s}.qs_ring_lock_shared();
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM 1 FROM {s}.queue_ring_state FOR KEY SHARE;
+    END IF;
+    SELECT r.current, s.generation INTO slot, generation FROM {s}.queue_ring_state r
+    JOIN {s}.queue_ring_slots s ON s.slot = r.current;
+END $$;
+
+-- The slots a reader of a lane at p_cursor must open, as up to two ranges of slot numbers (a
+-- range wraps the ring's end): from the oldest slot whose entries can be at or past p_cursor
+-- to the current one. Written as ranges of plain values so that a generic plan prunes the
+-- other slots' partitions at executor start-up (`slot = ANY(array)` would not prune), and the
+-- claim neither locks nor opens them: each opened partition costs a claim about 25 us.
+CREATE FUNCTION {s}.qs_slot_window(p_cursor bigint, OUT lo1 integer, OUT hi1 integer,
+                                   OUT lo2 integer, OUT hi2 integer)
+LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    cur integer;
+    n integer;
+    back integer;
+BEGIN
+    SELECT r.current, r.slots INTO cur, n FROM {s}.queue_ring_state r;
+    SELECT coalesce(max((cur - s.slot + n) % n), 0) INTO back
+    FROM {s}.queue_ring_slots s
+    WHERE s.slot = cur OR s.seal_seq IS NULL OR s.seal_seq >= p_cursor;
+    IF cur - back >= 0 THEN
+        lo1 := cur - back; hi1 := cur; lo2 := 1; hi2 := 0;
+    ELSE
+        lo1 := 0; hi1 := cur; lo2 := cur - back + n; hi2 := n - 1;
+    END IF;
+END $$;
+
+-- Insert jobs, one per element of the parallel arrays (validated by the caller, as every
+-- insert path validates): a job due now (run_at NULL or not after now()) is a ready entry in
+-- the current slot, a later one a scheduled row in deferred_jobs. Returns the ids in input
+-- order. A job whose unique key another live job holds in one of that job's unique states is
+-- refused as canonical refuses it (unique_violation on "idx_awa_jobs_unique", the whole call),
+-- or with p_skip_held (follow-ups) skipped: NULL in its place, the others inserted.
+CREATE FUNCTION {s}.qs_enqueue(p_kinds text[], p_queues text[], p_args jsonb[],
+                               p_priorities smallint[], p_max_attempts integer[],
+                               p_run_ats timestamptz[], p_tags jsonb[], p_metadata jsonb[],
+                               p_unique_keys bytea[], p_unique_states smallint[],
+                               p_ordering_keys text[], p_notify boolean DEFAULT true,
+                               p_skip_held boolean DEFAULT false)
+RETURNS SETOF bigint LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    cur record;
+    n integer := coalesce(cardinality(p_kinds), 0);
+    v_ids bigint[];
+    v_keep boolean[];
+    v_won bigint[];
+    v_ords integer[];
+    v_uks bytea[];
+    v_uss smallint[];
+    r record;
+    holder {s}.unique_keys;
+BEGIN
+    SELECT * INTO cur FROM {s}.qs_current_slot();
+    v_ids := ARRAY(SELECT nextval('awa.jobs_id_seq') FROM generate_series(1, n));
+    v_keep := array_fill(true, ARRAY[n]);
+    IF EXISTS (SELECT 1 FROM unnest(p_unique_keys) k WHERE k IS NOT NULL) THEN
+        -- Every key whose first state is in its mask, in input order: free keys are taken in
+        -- one statement; each taken one is looked at (the rare path).
+        SELECT coalesce(array_agg(t.ord::integer ORDER BY t.ord), '{}'),
+               coalesce(array_agg(t.uk ORDER BY t.ord), '{}'),
+               coalesce(array_agg(t.us ORDER BY t.ord), '{}')
+        INTO v_ords, v_uks, v_uss
+        FROM unnest(p_unique_keys, p_unique_states, p_run_ats) WITH ORDINALITY AS t(uk, us, ra, ord)
+        WHERE t.uk IS NOT NULL
+          AND (t.us & awa.state_bit(CASE WHEN t.ra IS NULL OR t.ra <= now() THEN 'available'
+                                         ELSE 'scheduled' END)) <> 0;
+        -- A key a canonical job still holds (a mixed transition: its jobs drain while new ones
+        -- come here) is held for this engine too: one probe of canonical's unique index each.
+        FOR r IN SELECT k.ord FROM unnest(v_ords, v_uks) AS k(ord, uk)
+                 WHERE EXISTS (SELECT 1 FROM awa.canonical_jobs c
+                               WHERE c.unique_key = k.uk
+                                 AND (c.unique_states & awa.state_bit(c.state)) <> 0)
+                 ORDER BY k.ord
+        LOOP
+            IF NOT p_skip_held THEN
+                RAISE EXCEPTION 'duplicate key value violates unique constraint "idx_awa_jobs_unique"'
+                    USING ERRCODE = 'unique_violation', CONSTRAINT = 'idx_awa_jobs_unique';
+            END IF;
+            v_keep[r.ord] := false;
+        END LOOP;
+        SELECT coalesce(array_agg(k.ord ORDER BY k.ord), '{}'),
+               coalesce(array_agg(k.uk ORDER BY k.ord), '{}'),
+               coalesce(array_agg(k.us ORDER BY k.ord), '{}')
+        INTO v_ords, v_uks, v_uss
+        FROM unnest(v_ords, v_uks, v_uss) AS k(ord, uk, us) WHERE v_keep[k.ord];
+        WITH won AS (
+            INSERT INTO {s}.unique_keys (unique_key, id, unique_states)
+            SELECT k.uk, v_ids[k.ord], k.us
+            FROM unnest(v_ords, v_uks, v_uss) AS k(ord, uk, us) ORDER BY k.ord
+            ON CONFLICT (unique_key) DO NOTHING
+            RETURNING id)
+        SELECT coalesce(array_agg(id), '{}') INTO v_won FROM won;
+        FOR r IN SELECT k.* FROM unnest(v_ords, v_uks, v_uss) AS k(ord, uk, us)
+                 WHERE v_ids[k.ord] <> ALL (v_won) ORDER BY k.ord
+        LOOP
+            SELECT * INTO holder FROM {s}.unique_keys u WHERE u.unique_key = r.uk FOR UPDATE;
+            IF NOT FOUND THEN
+                -- Released meanwhile (its slot reclaimed): take it.
+                INSERT INTO {s}.unique_keys (unique_key, id, unique_states)
+                VALUES (r.uk, v_ids[r.ord], r.us) ON CONFLICT (unique_key) DO NOTHING;
+                IF FOUND THEN
+                    CONTINUE;
+                END IF;
+                SELECT * INTO holder FROM {s}.unique_keys u WHERE u.unique_key = r.uk FOR UPDATE;
+            END IF;
+            IF holder.id = ANY (v_ids) OR {s}.qs_key_held(holder.id, holder.unique_states) THEN
+                IF NOT p_skip_held THEN
+                    RAISE EXCEPTION 'duplicate key value violates unique constraint "idx_awa_jobs_unique"'
+                        USING ERRCODE = 'unique_violation', CONSTRAINT = 'idx_awa_jobs_unique';
+                END IF;
+                v_keep[r.ord] := false;
+            ELSE
+                UPDATE {s}.unique_keys SET id = v_ids[r.ord], unique_states = r.us
+                WHERE unique_key = r.uk;
+            END IF;
+        END LOOP;
+    END IF;
+    RETURN QUERY
+    WITH input AS (
+        SELECT t.ord, v_ids[t.ord] AS id, t.k, t.q, t.a, t.p, t.m,
+               coalesce(t.r, now()) AS run_at, t.r IS NULL OR t.r <= now() AS due,
+               ARRAY(SELECT jsonb_array_elements_text(coalesce(t.tg, '[]'))) AS tags,
+               coalesce(t.md, '{}') AS metadata, t.uk, t.us, t.ok
+        FROM unnest(p_kinds, p_queues, p_args, p_priorities, p_max_attempts, p_run_ats, p_tags,
+                    p_metadata, p_unique_keys, p_unique_states, p_ordering_keys)
+             WITH ORDINALITY AS t(k, q, a, p, m, r, tg, md, uk, us, ok, ord)
+        WHERE v_keep[t.ord]
+    ), ready AS (
+        INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
+            attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
+            unique_key, unique_states, ordering_key)
+        SELECT cur.slot, cur.generation, i.q, i.p, nextval('{s}.qs_seq'), i.id, i.k, i.a, 0, i.m,
+               0, i.run_at, now(), i.metadata, i.tags, '[]', i.uk, i.us, i.ok
+        FROM (SELECT * FROM input WHERE due ORDER BY ord) i
+    ), later AS (
+        INSERT INTO {s}.deferred_jobs (id, state, queue, priority, kind, args, attempt,
+            max_attempts, run_lease, run_at, created_at, metadata, tags, errors, unique_key,
+            unique_states, ordering_key)
+        SELECT i.id, 'scheduled', i.q, i.p, i.k, i.a, 0, i.m, 0, i.run_at, now(), i.metadata,
+               i.tags, '[]', i.uk, i.us, i.ok
+        FROM input i WHERE NOT i.due
+    )
+    SELECT CASE WHEN v_keep[g.ord] THEN v_ids[g.ord] END FROM generate_series(1, n) AS g(ord)
+    ORDER BY g.ord;
+    -- The wake-up hint canonical sends (`awa:<queue>`), once per queue with a job due now,
+    -- delivered at commit. Not from a completion's transaction (p_notify false): a notifying
+    -- commit serializes with every other one, so completions wake the queues after they commit.
+    PERFORM pg_notify(awa.queue_channel(w.q), '')
+    FROM (SELECT DISTINCT t.q FROM unnest(p_queues, p_run_ats) AS t(q, r)
+          WHERE p_notify AND (t.r IS NULL OR t.r <= now())) w;
+END $$;
+
+-- Claim up to p_n entries of a lane: lock the lane, confirm the stable point if its
+-- transactions have ended, take the lowest committed unclaimed entries at or above the cursor,
+-- lease them in the current lease slot, advance the cursor over the consumed prefix (never past
+-- the stable point), and record the next candidate stable point.
+CREATE FUNCTION {s}.qs_claim(p_queue text, p_priority smallint, p_n integer,
+                            p_deadline interval DEFAULT NULL, p_seq bigint DEFAULT NULL)
+RETURNS TABLE (id bigint, kind text, queue text, args jsonb, state text, priority smallint,
+               attempt integer, max_attempts integer, run_at timestamptz,
+               heartbeat_at timestamptz, deadline_at timestamptz, attempted_at timestamptz,
+               finalized_at timestamptz, created_at timestamptz, errors jsonb, metadata jsonb,
+               tags text[], unique_key bytea, unique_states smallint, callback_id text,
+               callback_timeout_at timestamptz, run_lease bigint, progress jsonb,
+               ordering_key text)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    lane   {s}.lanes;
+    lslot  integer;
+    v_seq  bigint;
+    confirmed boolean;
+    lo1 integer; hi1 integer; lo2 integer; hi2 integer;
+    v_picked {s}.ready_entries[];
+    n_picked integer;
+    max_seq  bigint;
+BEGIN
+    -- Nothing to take: nothing to read or move (a cursor moved without reading would pass
+    -- whatever is waiting).
+    IF p_n <= 0 THEN
+        RETURN;
+    END IF;
+    -- The next candidate stable point's seq: the last seq drawn, read before this transaction
+    -- holds an xid (the lane's row lock below assigns it). Every producer of a seq at or below
+    -- it held its xid before drawing (`hold_xid`), so before ours: once every xid below ours
+    -- has ended, so has every such producer (the candidate's `cand_xmax` is our xid). Given by
+    -- qs_claim_queue, which reads it before its first lane's lock; NULL when the transaction
+    -- already held an xid, and then this claim sets no new candidate (it still confirms the one
+    -- the lane has). A snapshot's xmax would not do: it is one past the latest *completed*
+    -- xid, and a producer that started after that one and is still running holds an xid at or
+    -- above it.
+    v_seq := coalesce(p_seq, CASE WHEN pg_current_xact_id_if_assigned() IS NULL
+                                  THEN {s}.qs_last_seq() END);
+    -- Lock order, everywhere: leases, then a queue slot's tables (reclaim_queue takes leases in
+    -- EXCLUSIVE mode before its slot; a claim must not hold a slot's lock while it waits). The
+    -- parent alone carries that order (every statement on leases locks the parent first), so
+    -- a claim does not lock every lease slot, which would keep them from being truncated.
+    LOCK TABLE ONLY {s}.leases IN ROW EXCLUSIVE MODE;
+    -- Lanes are created by claimers, never by producers: a producer that created one would make
+    -- every other producer of the lane wait for its commit (ON CONFLICT waits on an insert in
+    -- progress).
+    -- (Looked up first: an insert attempt on every claim costs a speculative insertion.)
+    SELECT * INTO lane FROM {s}.lanes l WHERE l.queue = p_queue AND l.priority = p_priority FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO {s}.lanes (queue, priority) VALUES (p_queue, p_priority) ON CONFLICT DO NOTHING;
+        SELECT * INTO lane FROM {s}.lanes l
+        WHERE l.queue = p_queue AND l.priority = p_priority FOR UPDATE;
+    END IF;
+    -- One statement, so one snapshot, taken after the lane lock was granted (it sees every
+    -- claim that committed while we waited): whether the candidate stable point is confirmed
+    -- (every xid below the candidate's has ended), the lease ring's current slot, and the
+    -- slots that can hold entries at or past the cursor. The window comes from the snapshot
+    -- that confirmed the stable point: every producer of a seq at or below it had ended before
+    -- that snapshot, so the slot it appended to is current or sealed at or above its seq there.
+    SELECT lane.cand_xmax <= pg_snapshot_xmin(pg_current_snapshot()),
+           r.current, w.lo1, w.hi1, w.lo2, w.hi2
+    INTO confirmed, lslot, lo1, hi1, lo2, hi2
+    FROM {s}.lease_ring_state r CROSS JOIN {s}.qs_slot_window(lane.cursor) w;
+    IF confirmed THEN
+        lane.stable_seq := greatest(lane.stable_seq, lane.cand_seq);
+        -- No seq drawn since the last candidate: keep it (an idle lane then writes nothing).
+        IF v_seq > lane.cand_seq THEN
+            lane.cand_seq := v_seq;
+            lane.cand_xmax := pg_current_xact_id();
+        END IF;
+    END IF;
+
+    -- The lowest committed unclaimed entries at or above the cursor, whole: the one statement
+    -- that reads the lane's slots (each statement over the partitioned tables opens an index
+    -- scan per slot it may read, which is most of a claim's cost), so the inserts below read
+    -- nothing. Each candidate is probed in its own slot's claimed entries (a claimed entry
+    -- shares its entry's slot): a nested probe per candidate, not an anti-join, whose plan a
+    -- generic plan's estimates could turn into a scan of every claimed entry per candidate.
+    SELECT coalesce(array_agg(p.e ORDER BY p.seq), '{}'), count(*), max(p.seq)
+    INTO v_picked, n_picked, max_seq
+    FROM (
+        SELECT e, e.seq
+        FROM {s}.ready_entries e
+        LEFT JOIN LATERAL (
+            SELECT true AS hit FROM {s}.claimed_entries c
+            WHERE (c.slot BETWEEN lo1 AND hi1 OR c.slot BETWEEN lo2 AND hi2)
+              AND c.slot = e.slot AND c.queue = p_queue AND c.priority = p_priority
+              AND c.seq = e.seq
+            LIMIT 1) x ON true
+        WHERE (e.slot BETWEEN lo1 AND hi1 OR e.slot BETWEEN lo2 AND hi2)
+          AND e.queue = p_queue AND e.priority = p_priority AND e.seq >= lane.cursor
+          AND x.hit IS NULL
+        ORDER BY e.seq
+        LIMIT p_n
+    ) p;
+
+    IF n_picked > 0 THEN
+        RETURN QUERY
+        WITH picked AS (
+            SELECT p.*, p.run_lease + 1 AS next_lease, p.attempt + 1 AS next_attempt, now() AS t0
+            FROM unnest(v_picked) AS p
+        ), consumed AS (
+            INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
+            SELECT p.slot, p_queue, p_priority, p.seq FROM picked p
+        ), leased AS (
+            INSERT INTO {s}.leases (lease_slot, id, run_lease, queue, priority, slot, generation,
+                                    seq, attempt, heartbeat_at, deadline_at, attempted_at, progress)
+            SELECT lslot, p.id, p.next_lease, p_queue, p_priority, p.slot, p.generation, p.seq,
+                   p.next_attempt, p.t0, p.t0 + p_deadline, p.t0, p.progress
+            FROM picked p
+        )
+        SELECT p.id, p.kind, p.queue, p.args, 'running'::text, p.priority, p.next_attempt,
+               p.max_attempts, p.run_at, p.t0, p.t0 + p_deadline, p.t0, NULL::timestamptz,
+               p.created_at, p.errors, p.metadata, p.tags, p.unique_key, p.unique_states,
+               NULL::text, NULL::timestamptz, p.next_lease, p.progress, p.ordering_key
+        FROM picked p ORDER BY p.seq;
+    END IF;
+
+    -- The cursor, never past the first unclaimed committed entry nor past the stable point
+    -- plus one (every seq at or below the stable point is committed or gone), from what the
+    -- claim took, without reading the lane again: the picked entries are the lowest unclaimed
+    -- ones this snapshot sees, and it sees every seq at or below the stable point (the lane
+    -- lock above waited for any other claim of the lane). Fewer than p_n: none is left below
+    -- the stable point. Exactly p_n: everything up to the last one taken is claimed now.
+    IF n_picked < p_n THEN
+        lane.cursor := greatest(lane.cursor, lane.stable_seq + 1);
+    ELSE
+        lane.cursor := greatest(lane.cursor, least(max_seq + 1, lane.stable_seq + 1));
+    END IF;
+    -- An unchanged lane is not written (an idle poll then leaves no dead tuple).
+    UPDATE {s}.lanes l SET cursor = lane.cursor, stable_seq = lane.stable_seq,
+        cand_seq = lane.cand_seq, cand_xmax = lane.cand_xmax
+    WHERE l.queue = p_queue AND l.priority = p_priority
+      AND (l.cursor, l.stable_seq, l.cand_seq, l.cand_xmax)
+          IS DISTINCT FROM (lane.cursor, lane.stable_seq, lane.cand_seq, lane.cand_xmax);
+    RETURN;
+END $$;
+
+-- Claim up to p_n entries of a queue, best priority (1) first: each lane in turn; each lease
+-- gets a deadline p_deadline from now when given.
+CREATE FUNCTION {s}.qs_claim_queue(p_queue text, p_n integer, p_deadline interval DEFAULT NULL,
+                                   p_aging interval DEFAULT NULL)
+RETURNS TABLE (id bigint, kind text, queue text, args jsonb, state text, priority smallint,
+               attempt integer, max_attempts integer, run_at timestamptz,
+               heartbeat_at timestamptz, deadline_at timestamptz, attempted_at timestamptz,
+               finalized_at timestamptz, created_at timestamptz, errors jsonb, metadata jsonb,
+               tags text[], unique_key bytea, unique_states smallint, callback_id text,
+               callback_timeout_at timestamptz, run_lease bigint, progress jsonb,
+               ordering_key text)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    got integer := 0;
+    k integer;
+    pr integer;
+    lanes integer[] := ARRAY[1, 2, 3, 4];
+    lo1 integer; hi1 integer; lo2 integer; hi2 integer;
+    cursors bigint[];
+    stuck boolean[];
+    paused boolean;
+    idle integer[];
+    v_seq bigint;
+BEGIN
+    -- Whether the queue is paused (awa.queue_meta, shared with canonical: a paused queue hands
+    -- out nothing); each lane's cursor, 0 for a lane without a row (never claimed: its entries
+    -- can be in any slot), and the slots the queue's least advanced lane may need (the probes
+    -- below open only those). `stuck`: the lane keeps a sealed slot in that window (its cursor
+    -- is at or below the highest seal), and a claim of it, though it finds nothing, would move
+    -- it on: it has no row yet, or its cursor is behind its stable point, or its candidate
+    -- stable point can be confirmed now, or that candidate is itself below the seal.
+    -- Also the last seq drawn, for the lanes' candidate stable points, read before this
+    -- transaction holds an xid (see qs_claim).
+    SELECT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused),
+           c.cursors, c.stuck, w.lo1, w.hi1, w.lo2, w.hi2,
+           CASE WHEN pg_current_xact_id_if_assigned() IS NULL THEN {s}.qs_last_seq() END
+    INTO paused, cursors, stuck, lo1, hi1, lo2, hi2, v_seq
+    FROM (SELECT array_agg(coalesce(l.cursor, 0) ORDER BY g.p) AS cursors,
+                 array_agg(coalesce(l.cursor, 0) <= s.newest
+                           AND (l.queue IS NULL OR l.cursor <= l.stable_seq
+                                OR (l.cand_seq > l.stable_seq
+                                    AND l.cand_xmax <= pg_snapshot_xmin(pg_current_snapshot()))
+                                OR l.cand_seq < s.newest) ORDER BY g.p) AS stuck,
+                 min(coalesce(l.cursor, 0)) AS least
+          FROM generate_series(1, 4) AS g(p)
+          LEFT JOIN {s}.lanes l ON l.queue = p_queue AND l.priority = g.p
+          CROSS JOIN (SELECT coalesce(max(r.seal_seq), -1) AS newest
+                      FROM {s}.queue_ring_slots r) s) c
+    CROSS JOIN LATERAL {s}.qs_slot_window(c.least) w;
+    IF paused THEN
+        RETURN;
+    END IF;
+    IF p_aging IS NOT NULL AND p_aging > interval '0' THEN
+        -- Priority aging (canonical's rule: one priority better, down to 1, for every p_aging
+        -- a job has been due), applied to each lane's oldest waiting entry: the lanes are
+        -- visited in the order of that entry's aged priority, then its run_at.
+        SELECT array_agg(x.pr ORDER BY x.eff, x.run_at NULLS LAST, x.pr) INTO lanes
+        FROM (
+            SELECT p.pr, h.run_at,
+                   CASE WHEN h.run_at IS NULL OR h.run_at > now() THEN p.pr
+                        ELSE greatest(1, p.pr - floor(extract(epoch FROM now() - h.run_at)
+                                                      / extract(epoch FROM p_aging))::int)
+                   END AS eff
+            FROM generate_series(1, 4) AS p(pr)
+            LEFT JOIN {s}.lanes l ON l.queue = p_queue AND l.priority = p.pr
+            LEFT JOIN LATERAL (
+                SELECT e.run_at FROM {s}.ready_entries e
+                WHERE (e.slot BETWEEN lo1 AND hi1 OR e.slot BETWEEN lo2 AND hi2)
+                  AND e.queue = p_queue AND e.priority = p.pr AND e.seq >= coalesce(l.cursor, 0)
+                  AND NOT EXISTS (SELECT 1 FROM {s}.claimed_entries ce
+                                  WHERE (ce.slot BETWEEN lo1 AND hi1
+                                         OR ce.slot BETWEEN lo2 AND hi2)
+                                    AND ce.slot = e.slot
+                                    AND ce.queue = e.queue AND ce.priority = e.priority
+                                    AND ce.seq = e.seq AND ce.seq >= coalesce(l.cursor, 0))
+                ORDER BY e.seq LIMIT 1) h ON true) x;
+    END IF;
+    -- Only lanes with an entry at or past their cursor (read without a lock: an entry
+    -- committed after this read is found by the claim its wake-up starts), in the order above:
+    -- a claim of an empty lane locks and upserts its lane row, and skipping them quarters an
+    -- idle pickup. Each lane's probe is a subplan, opened once and rescanned per lane, so the
+    -- slots' index scans are set up once, not once per lane.
+    -- Then the `stuck` lanes found empty, which keep an old slot in every probe's window: a
+    -- claim of one takes nothing, but creates the lane's row if it has none and moves its
+    -- cursor up to the stable point, so the window narrows again as the ring turns. That is
+    -- housekeeping, so it is done when this claim took nothing anyway (an idle poll), or when
+    -- the window has grown past the current slot and the one before it; not by the claim that
+    -- takes a job just woken up (three idle lanes' claims put about 1 ms on a pickup after
+    -- every rotation). An idle lane is claimed (and writes its row) a few times per turn of the
+    -- ring, and not at all while the xmin horizon holds its stable point back.
+    SELECT coalesce(array_agg(t.pr ORDER BY t.o) FILTER (WHERE t.hit), '{}'),
+           coalesce(array_agg(t.pr ORDER BY t.o) FILTER (WHERE NOT t.hit AND stuck[t.pr]), '{}')
+    INTO lanes, idle
+    FROM (SELECT u.pr, u.o, EXISTS (
+              SELECT 1 FROM {s}.ready_entries e
+              WHERE (e.slot BETWEEN lo1 AND hi1 OR e.slot BETWEEN lo2 AND hi2)
+                AND e.queue = p_queue AND e.priority = u.pr
+                AND e.seq >= cursors[u.pr]
+              LIMIT 1) AS hit
+          FROM unnest(lanes) WITH ORDINALITY AS u(pr, o)) t;
+    FOREACH pr IN ARRAY lanes || idle LOOP
+        EXIT WHEN got >= p_n;
+        -- The idle lanes come last: skipped when this claim took a job and the window is narrow.
+        EXIT WHEN pr = ANY (idle) AND got > 0 AND hi1 - lo1 + 1 + greatest(hi2 - lo2 + 1, 0) <= 2;
+        RETURN QUERY SELECT * FROM {s}.qs_claim(p_queue, pr::smallint, p_n - got, p_deadline, v_seq);
+        GET DIAGNOSTICS k = ROW_COUNT;
+        got := got + k;
+    END LOOP;
+END $$;
+
+-- Heartbeat open attempts, storing the progress given for each (NULL keeps what is stored);
+-- returns the ids whose lease is still open and whether a cancel was requested for each. A
+-- lease a finalization holds locked is skipped, not waited for (as on canonical: one slow
+-- completion must not delay every other attempt's heartbeat into rescue).
+CREATE FUNCTION {s}.qs_heartbeat(p_ids bigint[], p_leases bigint[], p_progress jsonb[] DEFAULT NULL)
+RETURNS TABLE (id bigint, cancel boolean) LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH live AS (
+        SELECT x.id, x.run_lease, t.progress
+        FROM unnest(p_ids, p_leases, coalesce(p_progress, array_fill(NULL::jsonb,
+                    ARRAY[cardinality(p_ids)]))) AS t(id, run_lease, progress)
+        JOIN {s}.leases x ON x.id = t.id AND x.run_lease = t.run_lease
+        FOR UPDATE OF x SKIP LOCKED
+    )
+    UPDATE {s}.leases l SET heartbeat_at = now(), progress = coalesce(live.progress, l.progress)
+    FROM live WHERE l.id = live.id AND l.run_lease = live.run_lease
+    RETURNING l.id, l.cancel_requested_at IS NOT NULL;
+END $$;
+
+-- Give claimed attempts that never started back: each lease still open and without a cancel
+-- request is deleted and its job appended again to the current slot (same id and run lease,
+-- the claim's attempt undone, a new seq: it goes to the back of its lane). Returns each pair
+-- still open with what happened: 0 released, 1 a cancel was requested (left running for the
+-- caller to finalize as cancelled).
+CREATE FUNCTION {s}.qs_release(p_ids bigint[], p_leases bigint[])
+RETURNS TABLE (id bigint, what smallint) LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    cur record;
+BEGIN
+    LOCK TABLE ONLY {s}.leases IN ROW EXCLUSIVE MODE;
+    SELECT * INTO cur FROM {s}.qs_current_slot();
+    RETURN QUERY
+    WITH mine AS (
+        SELECT x.id, x.run_lease, x.cancel_requested_at IS NOT NULL AS cancel
+        FROM unnest(p_ids, p_leases) AS t(id, run_lease)
+        JOIN {s}.leases x ON x.id = t.id AND x.run_lease = t.run_lease
+        FOR UPDATE OF x
+    ), gone AS (
+        DELETE FROM {s}.leases l USING mine m
+        WHERE l.id = m.id AND l.run_lease = m.run_lease AND NOT m.cancel
+        RETURNING l.*
+    ), again AS (
+        INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
+            attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
+            unique_key, unique_states, ordering_key, progress)
+        SELECT cur.slot, cur.generation, e.queue, e.priority, nextval('{s}.qs_seq'), e.id, e.kind,
+               e.args, greatest(g.attempt - 1, 0), e.max_attempts, g.run_lease, e.run_at,
+               e.created_at, e.metadata, e.tags, e.errors, e.unique_key, e.unique_states,
+               e.ordering_key, g.progress
+        FROM gone g JOIN {s}.ready_entries e
+          ON e.slot = g.slot AND e.queue = g.queue AND e.priority = g.priority AND e.seq = g.seq
+        ORDER BY g.id
+        RETURNING queue
+    ), woken AS (
+        SELECT pg_notify(awa.queue_channel(q.queue), '') FROM (SELECT DISTINCT queue FROM again) q
+    )
+    SELECT m.id, (CASE WHEN m.cancel THEN 1 ELSE 0 END)::smallint FROM mine m
+    WHERE (SELECT count(*) FROM woken) >= 0;
+END $$;
+
+-- Finalize one attempt on the per-job path, the outcomes canonical's finalizer writes:
+-- 'completed' (a receipt), 'failed' and 'cancelled' (a done entry, with p_error appended to the
+-- job's errors), 'retryable' (deferred to p_run_at, p_error appended when given) and 'snoozed'
+-- (deferred as scheduled to p_run_at without burning the attempt). The lease delete is the
+-- guard: false, and nothing written, when the attempt's lease is gone.
+CREATE FUNCTION {s}.qs_finalize(p_id bigint, p_lease bigint, p_outcome text,
+                                p_run_at timestamptz DEFAULT NULL, p_error jsonb DEFAULT NULL,
+                                p_progress jsonb DEFAULT NULL)
+RETURNS boolean LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    l {s}.leases;
+    e {s}.ready_entries;
+    errs jsonb;
+    prog jsonb;
+BEGIN
+    IF p_outcome NOT IN ('completed', 'failed', 'cancelled', 'retryable', 'snoozed') THEN
+        RAISE EXCEPTION 'unknown outcome %', p_outcome USING ERRCODE = '22023';
+    END IF;
+    IF p_outcome IN ('retryable', 'snoozed') AND p_run_at IS NULL THEN
+        RAISE EXCEPTION '% needs a run_at', p_outcome USING ERRCODE = '22023';
+    END IF;
+    DELETE FROM {s}.leases x WHERE x.id = p_id AND x.run_lease = p_lease RETURNING x.* INTO l;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF p_outcome = 'completed' THEN
+        INSERT INTO {s}.receipts (slot, generation, seqs, finalized_at)
+        VALUES (l.slot, l.generation, ARRAY[l.seq], now());
+        RETURN true;
+    END IF;
+    SELECT * INTO e FROM {s}.ready_entries x
+    WHERE x.slot = l.slot AND x.queue = l.queue AND x.priority = l.priority AND x.seq = l.seq;
+    errs := e.errors || CASE WHEN p_error IS NULL THEN '[]'::jsonb ELSE jsonb_build_array(p_error) END;
+    -- The progress given with the outcome, else the attempt's last (kept, as canonical keeps it).
+    prog := coalesce(p_progress, l.progress);
+    IF p_outcome IN ('failed', 'cancelled') THEN
+        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, progress)
+        VALUES (l.slot, l.generation, l.seq, p_outcome, errs, now(), prog);
+    ELSE
+        INSERT INTO {s}.deferred_jobs (id, state, queue, priority, kind, args, attempt,
+            max_attempts, run_lease, run_at, created_at, metadata, tags, errors, unique_key,
+            unique_states, ordering_key, progress)
+        VALUES (e.id, CASE p_outcome WHEN 'retryable' THEN 'retryable' ELSE 'scheduled' END,
+                e.queue, e.priority, e.kind, e.args,
+                CASE p_outcome WHEN 'snoozed' THEN greatest(l.attempt - 1, 0) ELSE l.attempt END,
+                e.max_attempts, l.run_lease, p_run_at, e.created_at, e.metadata, e.tags, errs,
+                e.unique_key, e.unique_states, e.ordering_key, prog);
+    END IF;
+    RETURN true;
+END $$;
+
+-- Record an open attempt's progress; false when its lease is gone.
+CREATE FUNCTION {s}.qs_set_progress(p_id bigint, p_lease bigint, p_progress jsonb)
+RETURNS boolean LANGUAGE sql AS $$
+    WITH u AS (
+        UPDATE {s}.leases l SET progress = p_progress
+        WHERE l.id = p_id AND l.run_lease = p_lease RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM u)
+$$;
+
+-- Park an attempt that returned "wait for the callback" (canonical's waiting_external): its
+-- lease stays, no longer heartbeated, until the callback resolves or times out. False when the
+-- lease is gone or the callback is not this attempt's.
+CREATE FUNCTION {s}.qs_park(p_id bigint, p_lease bigint, p_callback_id text,
+                            p_progress jsonb DEFAULT NULL)
+RETURNS boolean LANGUAGE sql AS $$
+    WITH u AS (
+        UPDATE {s}.leases l SET waiting = true, progress = coalesce(p_progress, l.progress)
+        WHERE l.id = p_id AND l.run_lease = p_lease AND l.callback_id::text = p_callback_id
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM u)
+$$;
+
+-- Cancel a job, as canonical's cancel does: one that has not started (available, scheduled,
+-- retryable) or is parked on a callback is cancelled at once; a running one is flagged (its
+-- handler is told on `awa:cancel`) and ends as its handler decides, or cancelled if rescued.
+-- Returns the state the job is left in, or NULL when the substrate does not hold it
+-- unfinished.
+CREATE FUNCTION {s}.qs_cancel(p_id bigint)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    l {s}.leases;
+    e {s}.ready_entries;
+    d {s}.deferred_jobs;
+    cur record;
+    reason jsonb;
+BEGIN
+    reason := jsonb_build_object('at', now(), 'error', 'cancelled: by request');
+    -- Parked on a callback: the lease goes, the attempt is cancelled.
+    DELETE FROM {s}.leases x WHERE x.id = p_id AND x.waiting RETURNING x.* INTO l;
+    IF FOUND THEN
+        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, progress)
+        SELECT l.slot, l.generation, l.seq, 'cancelled',
+               y.errors || jsonb_build_array(reason || jsonb_build_object('attempt', l.attempt)),
+               now(), l.progress
+        FROM {s}.ready_entries y
+        WHERE y.slot = l.slot AND y.queue = l.queue AND y.priority = l.priority AND y.seq = l.seq;
+        RETURN 'cancelled';
+    END IF;
+    -- Running: flag it and tell its worker.
+    UPDATE {s}.leases x SET cancel_requested_at = coalesce(x.cancel_requested_at, now())
+    WHERE x.id = p_id RETURNING x.* INTO l;
+    IF FOUND THEN
+        PERFORM pg_notify('awa:cancel', p_id::text);
+        RETURN 'running';
+    END IF;
+    -- Deferred: append its entry, consumed, with the cancellation. (Before the available
+    -- case: a promotion that took the row first leaves the job available, which the next
+    -- statement sees.)
+    DELETE FROM {s}.deferred_jobs x WHERE x.id = p_id RETURNING x.* INTO d;
+    IF FOUND THEN
+        SELECT * INTO cur FROM {s}.qs_current_slot();
+        WITH ins AS (
+            INSERT INTO {s}.ready_entries (slot, generation, queue, priority, id, kind, args,
+                attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
+                unique_key, unique_states, ordering_key, progress)
+            VALUES (cur.slot, cur.generation, d.queue, d.priority, d.id, d.kind, d.args,
+                    d.attempt, d.max_attempts, d.run_lease, d.run_at, d.created_at, d.metadata,
+                    d.tags, d.errors, d.unique_key, d.unique_states, d.ordering_key, d.progress)
+            RETURNING slot, generation, queue, priority, seq, attempt, errors, progress
+        ), consumed AS (
+            INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
+            SELECT i.slot, i.queue, i.priority, i.seq FROM ins i
+        )
+        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, ran,
+                                      progress)
+        SELECT i.slot, i.generation, i.seq, 'cancelled',
+               i.errors || jsonb_build_array(reason || jsonb_build_object('attempt', i.attempt)),
+               now(), false, i.progress
+        FROM ins i;
+        RETURN 'cancelled';
+    END IF;
+    -- Available: consume the entry and record it cancelled (an entry is never deleted). The
+    -- lane's row is locked as a claim locks it, and the entry looked up again after, so a
+    -- claim cannot take it meanwhile.
+    SELECT y.* INTO e FROM {s}.ready_entries y WHERE y.id = p_id ORDER BY y.seq DESC LIMIT 1;
+    IF FOUND THEN
+        INSERT INTO {s}.lanes (queue, priority) VALUES (e.queue, e.priority) ON CONFLICT DO NOTHING;
+        PERFORM 1 FROM {s}.lanes x WHERE x.queue = e.queue AND x.priority = e.priority FOR UPDATE;
+        SELECT y.* INTO e FROM {s}.ready_entries y
+        WHERE y.id = p_id AND NOT EXISTS (
+            SELECT 1 FROM {s}.claimed_entries c
+            WHERE c.slot = y.slot AND c.queue = y.queue AND c.priority = y.priority
+              AND c.seq = y.seq);
+        IF FOUND THEN
+            INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
+            VALUES (e.slot, e.queue, e.priority, e.seq);
+            INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, ran,
+                                          progress)
+            VALUES (e.slot, e.generation, e.seq, 'cancelled',
+                    e.errors || jsonb_build_array(reason || jsonb_build_object('attempt', e.attempt)),
+                    now(), false, e.progress);
+            RETURN 'cancelled';
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- Complete a batch: the lease delete is the guard; one receipt per queue slot for exactly the
+-- leases deleted. Returns the (id, run_lease) pairs completed.
+CREATE FUNCTION {s}.qs_complete(p_ids bigint[], p_leases bigint[])
+RETURNS TABLE (id bigint, run_lease bigint) LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH done AS (
+        DELETE FROM {s}.leases l
+        USING unnest(p_ids, p_leases) AS t(id, run_lease)
+        WHERE l.id = t.id AND l.run_lease = t.run_lease
+        RETURNING l.id, l.run_lease, l.slot, l.generation, l.seq
+    ), receipt AS (
+        INSERT INTO {s}.receipts (slot, generation, seqs, finalized_at)
+        SELECT d.slot, d.generation, array_agg(d.seq), now() FROM done d GROUP BY d.slot, d.generation
+    )
+    SELECT d.id, d.run_lease FROM done d;
+END $$;
+
+-- Rescue: running attempts whose heartbeat is older than p_stale or whose deadline has passed,
+-- and callbacks past their timeout, lose their lease (so a late completion of that attempt
+-- finds no guard); their jobs are deferred as retryable, or failed when out of attempts, or
+-- cancelled when a cancel was requested while they ran. Returns the ids rescued.
+CREATE FUNCTION {s}.qs_rescue(p_stale interval)
+RETURNS SETOF bigint LANGUAGE sql AS $$
+    WITH gone AS (
+        DELETE FROM {s}.leases l
+        WHERE (NOT l.waiting AND (l.heartbeat_at < now() - p_stale OR l.deadline_at < now()))
+           OR l.callback_timeout_at < now()
+        RETURNING l.id, l.run_lease, l.slot, l.generation, l.seq, l.attempt, l.queue, l.priority,
+                  l.progress, l.cancel_requested_at IS NOT NULL AS cancel,
+                  CASE WHEN l.callback_timeout_at < now() THEN 'rescued: callback timed out'
+                       WHEN l.deadline_at < now() THEN 'rescued: deadline passed'
+                       ELSE 'rescued: heartbeat stale' END AS reason
+    ), rows AS (
+        SELECT g.*, e.kind, e.args, e.max_attempts, e.created_at, e.metadata, e.tags,
+               e.unique_key, e.unique_states, e.ordering_key,
+               e.errors || jsonb_build_array(jsonb_build_object(
+                   'attempt', g.attempt, 'error', g.reason, 'at', now())) AS errors
+        FROM gone g JOIN {s}.ready_entries e
+          ON e.slot = g.slot AND e.queue = g.queue AND e.priority = g.priority AND e.seq = g.seq
+    ), retry AS (
+        INSERT INTO {s}.deferred_jobs (id, state, queue, priority, kind, args, attempt,
+            max_attempts, run_lease, run_at, created_at, metadata, tags, errors, unique_key,
+            unique_states, ordering_key, progress)
+        SELECT r.id, 'retryable', r.queue, r.priority, r.kind, r.args, r.attempt, r.max_attempts,
+               r.run_lease, now(), r.created_at, r.metadata, r.tags, r.errors, r.unique_key,
+               r.unique_states, r.ordering_key, r.progress
+        FROM rows r WHERE r.attempt < r.max_attempts AND NOT r.cancel
+    ), dead AS (
+        -- Out of attempts: failed; a cancel was requested while it ran: cancelled.
+        INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, progress)
+        SELECT r.slot, r.generation, r.seq, CASE WHEN r.cancel THEN 'cancelled' ELSE 'failed' END,
+               r.errors, now(), r.progress
+        FROM rows r WHERE r.attempt >= r.max_attempts OR r.cancel
+    )
+    SELECT r.id FROM rows r
+$$;
+
+-- Promote due deferred jobs: delete them and append a ready entry each (same id, attempt and
+-- run lease) in the current slot.
+CREATE FUNCTION {s}.qs_promote()
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    cur record;
+    n bigint;
+    queues bigint;
+BEGIN
+    SELECT * INTO cur FROM {s}.qs_current_slot();
+    WITH due AS (
+        DELETE FROM {s}.deferred_jobs d WHERE d.run_at <= now() RETURNING d.*
+    ), ins AS (
+        INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
+            attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
+            unique_key, unique_states, ordering_key, progress)
+        SELECT cur.slot, cur.generation, d.queue, d.priority, nextval('{s}.qs_seq'), d.id, d.kind,
+               d.args, d.attempt, d.max_attempts, d.run_lease, d.run_at, d.created_at, d.metadata,
+               d.tags, d.errors, d.unique_key, d.unique_states, d.ordering_key, d.progress
+        FROM (SELECT * FROM due ORDER BY priority, run_at, id) d
+        RETURNING queue
+    ), woken AS (
+        -- The wake-up hint, once per queue that received jobs.
+        SELECT pg_notify(awa.queue_channel(q.queue), '') FROM (SELECT DISTINCT queue FROM ins) q
+    )
+    SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM woken) INTO n, queues;
+    RETURN n;
+END $$;
+
+-- Whether a queue slot holds entries or history (a slot the ring may not move into).
+CREATE FUNCTION {s}.qs_slot_busy(p_slot integer) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    busy boolean;
+BEGIN
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM {s}.ready_entries_%1$s)'
+                   ' OR EXISTS (SELECT 1 FROM {s}.done_entries_%1$s)'
+                   ' OR EXISTS (SELECT 1 FROM {s}.receipts_%1$s)', p_slot) INTO busy;
+    RETURN busy;
+END $$;
+
+-- Rotate the queue ring: when the next slot is empty (reclaimed), make it current under a new
+-- generation. Returns the new current slot, or NULL when the next slot still holds rows.
+CREATE FUNCTION {s}.qs_rotate_queue()
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    st {s}.queue_ring_state;
+    nxt integer;
+    saved_timeout text;
+BEGIN
+    -- Whether the next slot is free yet, checked first without a lock (on a full ring most
+    -- passes end here) and again under the locks below.
+    SELECT * INTO st FROM {s}.queue_ring_state;
+    IF {s}.qs_slot_busy((st.current + 1) % st.slots) THEN
+        RETURN NULL;
+    END IF;
+    -- The ring's lock first (a producer in REPEATABLE READ takes it, then the ring's row), and
+    -- only for a moment: while we wait for producers still appending to the current slot,
+    -- every new producer waits behind us, so a long transaction that appended costs this pass,
+    -- not the producers' throughput.
+    saved_timeout := current_setting('lock_timeout');
+    PERFORM set_config('lock_timeout', '50ms', true);
+    BEGIN
+        PERFORM pg_advisory_xact_lock(hashtext('awa.qs_ring'), hashtext('{s}'));
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM set_config('lock_timeout', saved_timeout, true);
+        RETURN NULL;
+    END;
+    PERFORM set_config('lock_timeout', saved_timeout, true);
+    SELECT * INTO st FROM {s}.queue_ring_state FOR UPDATE;
+    nxt := (st.current + 1) % st.slots;
+    IF {s}.qs_slot_busy(nxt) THEN
+        RETURN NULL;
+    END IF;
+    -- Every producer that read the closing slot as current has ended (they held the ring's
+    -- lock shared), so every seq in it was drawn before now: seal it with the seq's value.
+    UPDATE {s}.queue_ring_slots SET seal_seq = {s}.qs_last_seq() WHERE slot = st.current;
+    UPDATE {s}.queue_ring_slots SET generation = st.generation + 1, opened_at = now(),
+        seal_seq = NULL
+    WHERE slot = nxt;
+    UPDATE {s}.queue_ring_state SET current = nxt, generation = st.generation + 1;
+    RETURN nxt;
+END $$;
+
+-- Whether a queue slot holds history (receipts, failed or cancelled attempts) finalized within
+-- the last p_retention: such a slot is not reclaimed yet.
+CREATE FUNCTION {s}.qs_slot_young(p_slot integer, p_retention interval)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    young boolean;
+BEGIN
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM {s}.receipts_%1$s WHERE finalized_at > now() - $1)'
+                   ' OR EXISTS (SELECT 1 FROM {s}.done_entries_%1$s WHERE finalized_at > now() - $1)', p_slot)
+        INTO young USING p_retention;
+    RETURN young;
+END $$;
+
+-- Reclaim the oldest queue slot (the one after the current): in one transaction holding
+-- ACCESS EXCLUSIVE on its children, carry forward what is still live into the current slot
+-- (unconsumed entries with a new seq; entries of open leases as consumed, the lease pointed at
+-- the copy), then TRUNCATE. Refused (NULL) while the slot is current or its completed history
+-- is younger than p_retention. Returns the number of entries carried forward.
+CREATE FUNCTION {s}.qs_reclaim_queue(p_retention interval)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    st {s}.queue_ring_state;
+    old integer;
+    cur record;
+    young boolean;
+    saved_timeout text;
+    carried bigint := 0;
+    n bigint;
+BEGIN
+    -- We append (carry-forward): the ring's lock shared, before the ring's row, in the
+    -- order a rotation takes them.
+    PERFORM {s}.qs_ring_lock_shared();
+    SELECT * INTO st FROM {s}.queue_ring_state FOR UPDATE;
+    old := (st.current + 1) % st.slots;
+    IF old = st.current THEN
+        RETURN NULL;
+    END IF;
+    -- Nothing was written to the slot since it was last truncated (or ever): nothing to reclaim.
+    -- Checked by file size, without a lock: its TRUNCATE would only rewrite catalog rows and
+    -- invalidate every backend's claim plans (the ring's empty slots met every pass: 10-14 ms,
+    -- and 4-8 ms claims right after).
+    IF pg_relation_size(format('{s}.ready_entries_%s', old)::regclass) = 0
+       AND pg_relation_size(format('{s}.claimed_entries_%s', old)::regclass) = 0
+       AND pg_relation_size(format('{s}.receipts_%s', old)::regclass) = 0
+       AND pg_relation_size(format('{s}.done_entries_%s', old)::regclass) = 0 THEN
+        RETURN NULL;
+    END IF;
+    -- Too young to reclaim? Checked first without a lock, so the passes that find history
+    -- within its retention (most of them) stall nobody; checked again under the locks.
+    young := {s}.qs_slot_young(old, p_retention);
+    IF young THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_current_xact_id();  -- we draw seqs: hold an xid first, as producers do
+    -- Leases first (completions delete leases, then write a receipt into the entry's slot),
+    -- then the slot's tables. A reader (the qs_jobs view, a user's SQL) may hold one of the
+    -- slot's tables while it waits for another that we already hold, in an order we do not
+    -- control; so we wait at most a moment for our locks and otherwise give up this pass
+    -- (well before PostgreSQL's deadlock check, which would otherwise cancel the reader).
+    saved_timeout := current_setting('lock_timeout');
+    PERFORM set_config('lock_timeout', '100ms', true);
+    BEGIN
+        LOCK TABLE ONLY {s}.leases IN EXCLUSIVE MODE;
+        EXECUTE format('LOCK TABLE {s}.ready_entries_%1$s, {s}.claimed_entries_%1$s,'
+                       ' {s}.receipts_%1$s, {s}.done_entries_%1$s IN ACCESS EXCLUSIVE MODE', old);
+    EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+        PERFORM set_config('lock_timeout', saved_timeout, true);
+        RETURN NULL;
+    END;
+    PERFORM set_config('lock_timeout', saved_timeout, true);
+    young := {s}.qs_slot_young(old, p_retention);
+    IF young THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO cur FROM {s}.qs_current_slot();
+
+    -- Unconsumed entries: appended again with a new seq (nothing claimed them, nothing points
+    -- at them).
+    EXECUTE format($f$
+        INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
+            attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
+            unique_key, unique_states, ordering_key, progress)
+        SELECT $1, $2, e.queue, e.priority, nextval('{s}.qs_seq'), e.id, e.kind, e.args,
+               e.attempt, e.max_attempts, e.run_lease, e.run_at, e.created_at, e.metadata, e.tags,
+               e.errors, e.unique_key, e.unique_states, e.ordering_key, e.progress
+        FROM (SELECT * FROM {s}.ready_entries_%1$s o
+              WHERE NOT EXISTS (SELECT 1 FROM {s}.claimed_entries_%1$s c
+                                WHERE c.queue = o.queue AND c.priority = o.priority AND c.seq = o.seq)
+              ORDER BY o.seq) e$f$, old) USING cur.slot, cur.generation;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    carried := carried + n;
+
+    -- Entries of open leases: appended again as consumed, and the lease moved onto the copy in
+    -- the same statement, so no moment exists where the lease points at nothing.
+    EXECUTE format($f$
+        WITH live AS (
+            SELECT l.id AS lid, l.run_lease AS lrl, nextval('{s}.qs_seq') AS nseq, e.*
+            FROM {s}.leases l JOIN {s}.ready_entries_%1$s e
+              ON e.queue = l.queue AND e.priority = l.priority AND e.seq = l.seq
+            WHERE l.slot = %1$s
+        ), copy AS (
+            INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
+                attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
+                unique_key, unique_states, ordering_key, progress)
+            SELECT $1, $2, v.queue, v.priority, v.nseq, v.id, v.kind, v.args, v.attempt,
+                   v.max_attempts, v.run_lease, v.run_at, v.created_at, v.metadata, v.tags,
+                   v.errors, v.unique_key, v.unique_states, v.ordering_key, v.progress
+            FROM live v
+        ), mark AS (
+            INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
+            SELECT $1, v.queue, v.priority, v.nseq FROM live v
+        ), moved AS (
+            UPDATE {s}.leases l SET slot = $1, generation = $2, seq = v.nseq
+            FROM live v WHERE l.id = v.lid AND l.run_lease = v.lrl
+            RETURNING 1
+        )
+        SELECT count(*) FROM moved$f$, old) INTO n USING cur.slot, cur.generation;
+    carried := carried + n;
+
+    -- Unique keys of jobs that live nowhere else (their history leaves with the slot) are
+    -- given back; a key a live job holds stays.
+    EXECUTE format($f$
+        DELETE FROM {s}.unique_keys u USING {s}.ready_entries_%1$s e
+        WHERE e.unique_key IS NOT NULL AND u.unique_key = e.unique_key AND u.id = e.id
+          AND NOT EXISTS (SELECT 1 FROM {s}.leases l WHERE l.id = e.id)
+          AND NOT EXISTS (SELECT 1 FROM {s}.deferred_jobs d WHERE d.id = e.id)
+          AND NOT EXISTS (SELECT 1 FROM {s}.ready_entries o
+                          WHERE o.id = e.id AND o.unique_key IS NOT NULL AND o.slot <> %1$s)$f$, old);
+
+    EXECUTE format('TRUNCATE {s}.ready_entries_%1$s, {s}.claimed_entries_%1$s, {s}.receipts_%1$s,'
+                   ' {s}.done_entries_%1$s', old);
+    UPDATE {s}.queue_ring_slots SET seal_seq = -1 WHERE slot = old;
+    RETURN carried;
+END $$;
+
+-- Move the lease ring on: the first slot after the current one that holds no lease is
+-- truncated (its leases' dead tuples go with it) and becomes current, and every other slot
+-- that holds no lease but has rows is truncated too. Returns the current slot.
+-- A slot is locked in a subtransaction and waited for a moment at most (completions lock every
+-- lease slot while they run, and a reader may hold lease slots in any order); a busy or
+-- non-empty slot is released at once and the next one tried.
+-- With p_min_bytes, only once the current slot's file holds at least that much (the runtime's
+-- leader asks for a slot's worth, so a quiet ring is not truncated every pass: each TRUNCATE
+-- rewrites catalog rows and costs every backend a cache refresh, which showed as 4-5 ms claims
+-- right after it); until then it returns the current slot without a lock or a write.
+CREATE FUNCTION {s}.qs_rotate_leases(p_min_bytes bigint DEFAULT 0)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    st {s}.lease_ring_state;
+    i integer;
+    moved integer;
+    empty boolean;
+    saved_timeout text;
+BEGIN
+    IF p_min_bytes > 0 THEN
+        SELECT * INTO st FROM {s}.lease_ring_state;
+        IF pg_relation_size(format('{s}.leases_%s', st.current)::regclass) < p_min_bytes THEN
+            RETURN st.current;
+        END IF;
+    END IF;
+    SELECT * INTO st FROM {s}.lease_ring_state FOR UPDATE;
+    saved_timeout := current_setting('lock_timeout');
+    -- Short: while we wait for a slot, every completion and heartbeat that needs it queues
+    -- behind us (they scan every lease slot).
+    PERFORM set_config('lock_timeout', '10ms', true);
+    -- The first empty slot becomes current; every other empty slot with rows is truncated in
+    -- the same pass, so the dead leases of a turn wait one turn, not a whole trip of the ring.
+    FOR k IN 1 .. st.slots - 1 LOOP
+        i := (st.current + k) % st.slots;
+        CONTINUE WHEN moved IS NOT NULL
+                      AND pg_relation_size(format('{s}.leases_%s', i)::regclass) = 0;
+        BEGIN
+            EXECUTE format('LOCK TABLE {s}.leases_%s IN ACCESS EXCLUSIVE MODE', i);
+            EXECUTE format('SELECT NOT EXISTS (SELECT 1 FROM {s}.leases_%s)', i) INTO empty;
+            IF NOT empty THEN
+                -- Roll the subtransaction back, so its lock goes too.
+                RAISE EXCEPTION 'lease slot % is in use', i USING ERRCODE = 'AWQ01';
+            END IF;
+            -- A slot whose file is already empty needs no TRUNCATE: each one rewrites the
+            -- catalog rows of the slot and its indexes, dead tuples in pg_class that only a
+            -- vacuum of the catalog reclaims.
+            IF pg_relation_size(format('{s}.leases_%s', i)::regclass) > 0 THEN
+                EXECUTE format('TRUNCATE {s}.leases_%s', i);
+            END IF;
+            IF moved IS NULL THEN
+                UPDATE {s}.lease_ring_state SET current = i;
+                moved := i;
+            END IF;
+        EXCEPTION WHEN lock_not_available OR deadlock_detected OR SQLSTATE 'AWQ01' THEN
+            NULL;
+        END;
+    END LOOP;
+    PERFORM set_config('lock_timeout', saved_timeout, true);
+    RETURN coalesce(moved, st.current);
+END $$;
+
+-- Whether job p_id is now in a state of the mask p_mask (its unique key still held).
+CREATE FUNCTION {s}.qs_key_held(p_id bigint, p_mask smallint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM {s}.qs_jobs j
+                   WHERE j.id = p_id AND j.unique_key IS NOT NULL
+                     AND (p_mask & awa.state_bit(j.state)) <> 0)
+$$;
+
+-- How many jobs still need a runtime (what a transition's abort waits for).
+CREATE FUNCTION {s}.qs_jobs_live() RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT count(*) FROM {s}.qs_jobs
+    WHERE state IN ('available', 'scheduled', 'retryable', 'running', 'waiting_external')
+$$;
