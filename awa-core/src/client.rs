@@ -302,7 +302,7 @@ impl Client {
         if let Engine::QueueStorage(qs) = pool.engine() {
             // A substrate an older library installed gets this library's functions (and the
             // fixes in them) before this runtime calls one; a no-op read when current.
-            qs.upgrade(&pool).await?;
+            qs.upgrade_or_explain(&pool).await?;
         }
         crate::cron::upsert(&self.inner.pool, &self.inner.periodic).await?;
         // Written before the runtime starts, so a start that returned has its catalogue rows.

@@ -1770,27 +1770,30 @@ async fn overloads(db: &TestDb, name: &str) -> Vec<(String, Option<String>)> {
     .expect("pg_proc")
 }
 
-/// Make the test schema look as an older library left it: no version kept, an overload of
+/// Make `schema` look as an older library left it: no version kept, an overload of
 /// `qs_claim` with an older signature (which makes a three-argument call ambiguous), and a
 /// `qs_claim_queue` that hands out nothing.
-async fn age_substrate(db: &TestDb) {
+async fn age_substrate_in(db: &TestDb, schema: &str) {
     for sql in [
-        "DROP TABLE awa_qs.qs_substrate",
-        "CREATE FUNCTION awa_qs.qs_claim(p_queue text, p_priority smallint, p_n integer)
-         RETURNS SETOF bigint LANGUAGE sql AS 'SELECT NULL::bigint WHERE false'",
-        "CREATE OR REPLACE FUNCTION awa_qs.qs_claim_queue(p_queue text, p_n integer,
-             p_deadline interval DEFAULT NULL, p_aging interval DEFAULT NULL)
-         RETURNS SETOF awa_qs.ready_entries LANGUAGE plpgsql AS 'BEGIN RETURN; END'",
+        format!("DROP TABLE {schema}.qs_substrate"),
+        format!(
+            "CREATE FUNCTION {schema}.qs_claim(p_queue text, p_priority smallint, p_n integer)
+             RETURNS SETOF bigint LANGUAGE sql AS 'SELECT NULL::bigint WHERE false'"
+        ),
+        // Another return type: dropped first, as an older install had it.
+        format!("DROP FUNCTION {schema}.qs_claim_queue(text, integer, interval, interval)"),
+        format!(
+            "CREATE FUNCTION {schema}.qs_claim_queue(p_queue text, p_n integer,
+                 p_deadline interval DEFAULT NULL, p_aging interval DEFAULT NULL)
+             RETURNS SETOF {schema}.ready_entries LANGUAGE plpgsql AS 'BEGIN RETURN; END'"
+        ),
     ] {
-        // The last one changes the return type: dropped first, as an older install had it.
-        if sql.contains("qs_claim_queue") {
-            sqlx::query("DROP FUNCTION awa_qs.qs_claim_queue(text, integer, interval, interval)")
-                .execute(&db.pool)
-                .await
-                .expect("drop");
-        }
-        sqlx::query(sql).execute(&db.pool).await.expect(sql);
+        sqlx::query(&sql).execute(&db.pool).await.expect(&sql);
     }
+}
+
+async fn age_substrate(db: &TestDb) {
+    age_substrate_in(db, "awa_qs").await
 }
 
 #[tokio::test]
@@ -1987,4 +1990,64 @@ async fn a_runtime_start_upgrades_an_older_substrate_before_it_claims() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     client.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn migrate_upgrades_the_installed_substrate() {
+    let db = TestDb::new().await;
+    let qs = QueueStorage::new("awa_qs", 4, 2).expect("config");
+    awa_core::storage::transition::install_queue_storage(&db.pool, &qs, false)
+        .await
+        .expect("install");
+    age_substrate(&db).await;
+    awa_core::migrate(&db.pool).await.expect("migrate");
+    assert_eq!(
+        qs.installed_version(&db.pool).await.expect("version"),
+        Some(awa_core::storage::queue_storage::SUBSTRATE_VERSION)
+    );
+    assert_eq!(overloads(&db, "qs_claim").await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_role_that_may_not_replace_the_functions_is_told_what_to_do() {
+    let db = TestDb::new().await;
+    // Schema `awa`, which the documented grants cover.
+    let qs = QueueStorage::new("awa", 4, 2).expect("config");
+    awa_core::storage::transition::install_queue_storage(&db.pool, &qs, false)
+        .await
+        .expect("install");
+    let role = common::TestRole::new(&db, "qsup").await;
+    role.grant_documented(&db).await;
+    let app = role.pool(2).await;
+    // Current: the application role's start and migrate() read and go on.
+    assert!(!qs.upgrade_or_explain(&app).await.expect("current"));
+    awa_core::migrate(&app)
+        .await
+        .expect("migrate as the application role");
+    age_substrate_in(&db, "awa").await;
+    for refused in [
+        qs.upgrade_or_explain(&app).await.map(|_| ()),
+        awa_core::migrate(&app).await,
+    ] {
+        match refused {
+            Err(AwaError::State(m)) => {
+                assert!(m.contains("are version 1 but"), "{m}");
+                assert!(m.contains("the schema owner must run migrate()"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        qs.installed_version(&db.pool).await.expect("version"),
+        Some(1),
+        "nothing changed"
+    );
+    app.close().await;
+    awa_core::migrate(&db.pool)
+        .await
+        .expect("migrate as the owner");
+    assert_eq!(
+        qs.installed_version(&db.pool).await.expect("version"),
+        Some(awa_core::storage::queue_storage::SUBSTRATE_VERSION)
+    );
 }

@@ -107,18 +107,21 @@ pub fn latest_version() -> i32 {
     MIGRATIONS.last().map_or(0, |(v, _)| *v)
 }
 
-/// Apply every pending migration. Idempotent and safe to run concurrently; a no-op (one
-/// read, no lock, no DDL) when the schema is already at [`latest_version`] or newer, so a
-/// role without CREATE rights may call it.
+/// Apply every pending migration, then replace queue storage's functions where an older
+/// library installed them ([`super::queue_storage::SUBSTRATE_VERSION`]). Idempotent and safe
+/// to run concurrently; a no-op (a few reads, no lock, no DDL) when the schema is already at
+/// [`latest_version`] or newer and queue storage's functions are current, so a role without
+/// CREATE rights may call it.
 pub async fn migrate(pool: &Db) -> Result<()> {
     super::foreign::refuse_foreign(pool).await?;
     let found = current_version(pool).await?;
-    if found >= latest_version() && !steps_pending(pool, found).await? {
-        return Ok(());
+    if found < latest_version() || steps_pending(pool, found).await? {
+        apply_migrations(pool, latest_version(), true)
+            .await
+            .map_err(|e| explain_permission(e, found))?;
     }
-    apply_migrations(pool, latest_version(), true)
-        .await
-        .map_err(|e| explain_permission(e, found))
+    // Queue storage's functions are versioned on their own (a no-op read when current).
+    super::queue_storage::upgrade_installed(pool).await
 }
 
 /// Apply the migrations up to `target` only (and no pending steps): how the tests build a

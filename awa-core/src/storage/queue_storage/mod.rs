@@ -251,6 +251,31 @@ impl QueueStorage {
         Ok(Some(version.unwrap_or(1)))
     }
 
+    /// [`QueueStorage::upgrade`], with a refusal for lack of rights (a role that may not
+    /// drop or create functions in the schema) explained as what the schema owner must do.
+    pub async fn upgrade_or_explain(&self, pool: &Db) -> Result<bool> {
+        match self.upgrade(pool).await {
+            Err(AwaError::Database(e))
+                if e.as_database_error()
+                    .is_some_and(|d| d.code().as_deref() == Some(INSUFFICIENT_PRIVILEGE)) =>
+            {
+                let found = self.installed_version(pool).await?.unwrap_or(0);
+                let cause = e
+                    .as_database_error()
+                    .map(|d| d.message().to_string())
+                    .unwrap_or_default();
+                Err(AwaError::State(format!(
+                    "queue storage's functions in schema \"{schema}\" are version {found} but \
+                     this library's are version {SUBSTRATE_VERSION}, and this database role may \
+                     not replace them ({cause}); the schema owner must run migrate() or \
+                     install_queue_storage() first, see docs/deploying.md",
+                    schema = self.schema,
+                )))
+            }
+            other => other,
+        }
+    }
+
     /// Replace the substrate's functions when they are older than this library's
     /// ([`SUBSTRATE_VERSION`]), in one transaction; the tables and every row in them are
     /// untouched. Returns whether it replaced them. A no-op (one read) when they are current
@@ -1123,6 +1148,26 @@ impl QueueStorage {
             })
             .collect())
     }
+}
+
+/// SQL state `insufficient_privilege`.
+const INSUFFICIENT_PRIVILEGE: &str = "42501";
+
+/// Upgrade the functions of the queue-storage substrate the database has (the schema
+/// `awa.runtime_storage_backends` names, once an install or a transition's prepare wrote it):
+/// [`QueueStorage::upgrade_or_explain`]. Nothing to do (one read) without one.
+pub(crate) async fn upgrade_installed(pool: &Db) -> Result<()> {
+    let schema: Option<String> = sqlx::query_scalar(
+        "SELECT schema_name FROM awa.runtime_storage_backends WHERE backend = 'queue_storage'",
+    )
+    .fetch_optional(pool.pool())
+    .await?;
+    if let Some(schema) = schema {
+        // The slot counts are the installed rings' own; an upgrade reads neither.
+        let qs = QueueStorage::new(&schema, 16, 8)?;
+        qs.upgrade_or_explain(pool).await?;
+    }
+    Ok(())
 }
 
 /// SQL dropping every function the substrate's scripts create in `schema`, by name and
