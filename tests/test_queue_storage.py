@@ -378,3 +378,48 @@ def test_bridge_inserts_on_the_applications_connection_go_to_queue_storage(qdb: 
         tx = client.transaction()
         assert tx.fetch_one("SELECT count(*)::int AS n FROM awa.canonical_jobs")["n"] == 0
         tx.rollback()
+
+
+async def test_an_older_librarys_functions_are_replaced_by_migrate_and_jobs_run_on(qdb: str) -> None:
+    """Queue storage's functions are versioned (``awa.qs_substrate``): a substrate an older
+    library installed (here: no version kept, an old overload of ``qs_claim`` and a
+    ``qs_claim_queue`` that hands out nothing) gets this library's functions from ``migrate()``,
+    with its jobs where they were."""
+    async with awa.AsyncClient(qdb) as client:
+        await client.install_queue_storage()
+        waiting = await client.insert(Work(7), queue="upgraded")
+        tx = await client.transaction()
+        for sql in [
+            "DROP TABLE awa.qs_substrate",
+            "CREATE FUNCTION awa.qs_claim(p_queue text, p_priority smallint, p_n integer) "
+            "RETURNS SETOF bigint LANGUAGE sql AS 'SELECT NULL::bigint WHERE false'",
+            "DROP FUNCTION awa.qs_claim_queue(text, integer, interval, interval)",
+            "CREATE FUNCTION awa.qs_claim_queue(p_queue text, p_n integer, p_deadline interval DEFAULT NULL, "
+            "p_aging interval DEFAULT NULL) RETURNS SETOF awa.ready_entries LANGUAGE plpgsql "
+            "AS 'BEGIN RETURN; END'",
+        ]:
+            await tx.execute(sql)
+        await tx.commit()
+
+        await client.migrate()
+        tx = await client.transaction()
+        try:
+            version = await tx.fetch_one("SELECT version FROM awa.qs_substrate")
+            claims = await tx.fetch_one(
+                "SELECT count(*)::int AS n FROM pg_proc p JOIN pg_namespace s ON s.oid = p.pronamespace "
+                "WHERE s.nspname = 'awa' AND p.proname = 'qs_claim'")
+        finally:
+            await tx.rollback()
+        assert version["version"] >= 2
+        assert claims["n"] == 1
+        assert (await client.get_job(waiting.id)).state == "available"
+
+        seen: list[int] = []
+        worker = _worker(qdb, seen, "upgraded")
+        await worker.start([("upgraded", 1)], **FAST)
+        try:
+            await wait_for_state(client, waiting.id, "completed")
+        finally:
+            await worker.shutdown()
+            await worker.close()
+        assert seen == [7]
