@@ -11,7 +11,9 @@
 pub mod harness;
 pub mod queue_rotation;
 pub mod set;
+pub mod stable_point;
 pub mod staged_follow_ups;
 
 pub use queue_rotation::AwaQueueRotation;
+pub use stable_point::AwaStablePoint;
 pub use staged_follow_ups::{AwaStagedFollowUps, Variant};

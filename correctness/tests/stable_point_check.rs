@@ -1,0 +1,192 @@
+//! CI model check of `correctness/storage/AwaStablePoint.tla`, through its
+//! executable twin `awa_correctness::stable_point`.
+//!
+//! - The correct protocol is searched exhaustively: no invariant is violated
+//!   (also `StableSettled`, which only the positive configuration checks), no
+//!   state deadlocks, every witness is reached, and the number of distinct
+//!   states is pinned (it is also the number TLC reports for
+//!   `AwaStablePoint.cfg`).
+//! - Each seeded bug violates `CursorNeverPassesWork`, and its shortest
+//!   counterexample (what TLC's breadth-first search reports) has the pinned
+//!   length.
+//! - The `.tla` and `.cfg` files still name the twin's actions, invariants,
+//!   witnesses, variants and constants.
+//!
+//! Run with `cargo test -p awa-correctness --test stable_point_check --
+//! --nocapture` to see the counts and counterexamples.
+
+use awa_correctness::harness::{
+    cfg_comments, check_exhaustively, render, shortest_counterexample, storage_file,
+    tla_definitions,
+};
+use awa_correctness::stable_point::{
+    Variant, ACTIONS, CURSOR_NEVER_PASSES_WORK, DEADLOCK_FREE, INVARIANTS, POSITIVE_INVARIANTS,
+    WITNESSES,
+};
+use awa_correctness::AwaStablePoint;
+
+/// Distinct states of the correct protocol with the `.cfg` constants. TLC's
+/// "distinct states found" for `AwaStablePoint.cfg` must be the same number;
+/// if a change to the model moves it, update it here, in the `.cfg` and in the
+/// README.
+const POSITIVE_DISTINCT_STATES: usize = 40_558;
+
+/// Length (number of actions) of each seeded bug's shortest counterexample.
+fn shortest_counterexample_len(variant: Variant) -> usize {
+    match variant {
+        Variant::Correct => unreachable!(),
+        Variant::HorizonFromSnapshotXmax | Variant::SeqReadAfterXid => 7,
+    }
+}
+
+#[test]
+fn correct_protocol_satisfies_every_invariant_exhaustively() {
+    let model = AwaStablePoint::new(Variant::Correct);
+    let outcome = check_exhaustively(model);
+    println!(
+        "Correct: {} distinct states ({} generated, depth {}) in {:.2}s",
+        outcome.distinct, outcome.generated, outcome.max_depth, outcome.seconds
+    );
+    for name in INVARIANTS
+        .into_iter()
+        .chain(POSITIVE_INVARIANTS)
+        .chain([DEADLOCK_FREE])
+    {
+        if let Some(path) = outcome.discoveries.get(name) {
+            panic!("Correct violates {name}:\n{}", render(path));
+        }
+    }
+    assert!(outcome.done, "the search did not finish");
+    for name in WITNESSES {
+        assert!(
+            outcome.discoveries.contains_key(name),
+            "Correct never reaches {name}: the invariants may pass vacuously"
+        );
+    }
+    assert_eq!(
+        outcome.distinct, POSITIVE_DISTINCT_STATES,
+        "the correct protocol's state space changed; update the pinned count, \
+         AwaStablePoint.cfg and correctness/README.md, and keep AwaStablePoint.tla in step"
+    );
+}
+
+fn check_negative(variant: Variant) {
+    let model = AwaStablePoint::new(variant);
+    let outcome = check_exhaustively(model);
+    println!(
+        "{}: {} distinct states ({} generated) in {:.2}s",
+        variant.name(),
+        outcome.distinct,
+        outcome.generated,
+        outcome.seconds
+    );
+    assert_eq!(variant.expected_violation(), Some(CURSOR_NEVER_PASSES_WORK));
+    let found = outcome
+        .discoveries
+        .get(CURSOR_NEVER_PASSES_WORK)
+        .unwrap_or_else(|| panic!("{} violates nothing", variant.name()));
+    assert!(!model.cursor_never_passes_work(found.last_state()));
+    if let Some(path) = outcome.discoveries.get(DEADLOCK_FREE) {
+        panic!("{} deadlocks:\n{}", variant.name(), render(path));
+    }
+    let path = shortest_counterexample(|| AwaStablePoint::new(variant), CURSOR_NEVER_PASSES_WORK)
+        .unwrap_or_else(|| panic!("{}: no counterexample within 64 steps", variant.name()));
+    println!(
+        "{} violates {CURSOR_NEVER_PASSES_WORK}; shortest counterexample:\n{}",
+        variant.name(),
+        render(&path)
+    );
+    assert!(!model.cursor_never_passes_work(path.last_state()));
+    assert_eq!(
+        path.clone().into_actions().len(),
+        shortest_counterexample_len(variant),
+        "{}: the shortest counterexample changed length",
+        variant.name()
+    );
+}
+
+#[test]
+fn a_horizon_from_the_snapshots_xmax_lets_the_cursor_pass_a_running_producer() {
+    check_negative(Variant::HorizonFromSnapshotXmax);
+}
+
+#[test]
+fn reading_the_seq_after_holding_an_xid_lets_the_cursor_pass_a_running_producer() {
+    check_negative(Variant::SeqReadAfterXid);
+}
+
+#[test]
+fn tla_module_defines_every_twin_name() {
+    let tla = storage_file("AwaStablePoint.tla");
+    let defined = tla_definitions(&tla);
+    let names = ACTIONS
+        .iter()
+        .chain(&INVARIANTS)
+        .chain(&POSITIVE_INVARIANTS)
+        .chain(&WITNESSES)
+        .chain(&["TypeOK", "Quiescent"]);
+    for name in names {
+        assert!(
+            defined.contains(*name),
+            "AwaStablePoint.tla does not define {name}"
+        );
+    }
+    for variant in Variant::ALL {
+        assert!(
+            tla.contains(&format!("\"{}\"", variant.name())),
+            "AwaStablePoint.tla does not list variant {}",
+            variant.name()
+        );
+    }
+    assert!(tla.contains("MODULE AwaStablePoint"));
+}
+
+#[test]
+fn cfg_files_match_the_twin() {
+    for variant in Variant::ALL {
+        let model = AwaStablePoint::new(variant);
+        let file = variant.cfg_file();
+        let cfg = storage_file(file);
+        let has = |needle: &str| cfg.lines().any(|line| line.trim() == needle);
+        assert!(
+            has(&format!("Variant = \"{}\"", variant.name())),
+            "{file}: Variant"
+        );
+        assert!(
+            has("Producers = {1, 2}") && model.producers == 2,
+            "{file}: Producers"
+        );
+        assert!(
+            has(&format!("MaxXid = {}", model.max_xid)),
+            "{file}: MaxXid"
+        );
+        assert!(has("SPECIFICATION Spec"), "{file}: SPECIFICATION");
+        for name in INVARIANTS.iter().chain(&["TypeOK"]) {
+            assert!(has(name), "{file}: does not check {name}");
+        }
+        for name in POSITIVE_INVARIANTS {
+            assert_eq!(
+                has(name),
+                variant == Variant::Correct,
+                "{file}: {name} belongs to the positive configuration only"
+            );
+        }
+        let expectation = match variant.expected_violation() {
+            None => "\\* Expected: no invariant is violated.".to_string(),
+            Some(name) => format!("\\* Expected to violate: {name}"),
+        };
+        assert!(has(&expectation), "{file}: missing `{expectation}`");
+        let comments = cfg_comments(&cfg);
+        let claim = match variant.expected_violation() {
+            None => format!("finds {POSITIVE_DISTINCT_STATES} distinct states"),
+            Some(_) => format!(
+                "Shortest counterexample ({} steps)",
+                shortest_counterexample_len(variant)
+            ),
+        };
+        assert!(
+            comments.contains(&claim),
+            "{file}: its comments must say `{claim}` (correctness/tlc.py checks TLC against it)"
+        );
+    }
+}
