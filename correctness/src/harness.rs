@@ -119,3 +119,37 @@ pub fn cfg_comments(cfg: &str) -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
+
+/// Whether some action of `model` is enabled in `s` (with the stuttering
+/// `Quiescent`, the twins' deadlock check).
+pub fn can_step<M: Model>(model: &M, s: &M::State) -> bool {
+    let mut actions = Vec::new();
+    model.actions(s, &mut actions);
+    actions
+        .into_iter()
+        .any(|action| model.next_state(s, action).is_some())
+}
+
+/// Assert that `correctness/storage/<module>.tla` is that module, defines every
+/// name in `names` and lists every variant in `variants` (as a string).
+pub fn assert_tla_names<'a>(
+    module: &str,
+    names: impl IntoIterator<Item = &'a str>,
+    variants: impl IntoIterator<Item = &'a str>,
+) {
+    let tla = storage_file(&format!("{module}.tla"));
+    let defined = tla_definitions(&tla);
+    for name in names {
+        assert!(
+            defined.contains(name),
+            "{module}.tla does not define {name}"
+        );
+    }
+    for variant in variants {
+        assert!(
+            tla.contains(&format!("\"{variant}\"")),
+            "{module}.tla does not list variant {variant}"
+        );
+    }
+    assert!(tla.contains(&format!("MODULE {module}")));
+}

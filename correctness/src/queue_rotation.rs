@@ -647,11 +647,7 @@ impl AwaQueueRotation {
 
     /// Some action of `Next` other than `Quiescent` is enabled.
     pub fn can_step(&self, s: &State) -> bool {
-        let mut actions = Vec::new();
-        self.actions(s, &mut actions);
-        actions
-            .into_iter()
-            .any(|action| self.next_state(s, action).is_some())
+        crate::harness::can_step(self, s)
     }
 
     /// `StablePoint`: what a claim sees (the entries of the slots it opens).

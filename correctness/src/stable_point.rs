@@ -237,11 +237,7 @@ impl AwaStablePoint {
     }
 
     pub fn can_step(&self, s: &State) -> bool {
-        let mut actions = Vec::new();
-        self.actions(s, &mut actions);
-        actions
-            .into_iter()
-            .any(|action| self.next_state(s, action).is_some())
+        crate::harness::can_step(self, s)
     }
 
     /// `CursorNeverPassesWork`.

@@ -691,11 +691,7 @@ impl AwaStagedFollowUps {
 
     /// Some action of `Next` other than `Quiescent` is enabled.
     pub fn can_step(&self, s: &State) -> bool {
-        let mut actions = Vec::new();
-        self.actions(s, &mut actions);
-        actions
-            .into_iter()
-            .any(|action| self.next_state(s, action).is_some())
+        crate::harness::can_step(self, s)
     }
 
     /// `AfterFailedTry(a)`.

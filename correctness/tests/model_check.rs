@@ -16,8 +16,8 @@
 use std::collections::BTreeSet;
 
 use awa_correctness::harness::{
-    cfg_comments, check_exhaustively, render, shortest_counterexample, storage_file,
-    tla_definitions,
+    assert_tla_names, cfg_comments, check_exhaustively, render, shortest_counterexample,
+    storage_file,
 };
 use awa_correctness::staged_follow_ups::{State, ACTIONS, DEADLOCK_FREE, INVARIANTS, WITNESSES};
 use awa_correctness::{AwaStagedFollowUps, Variant};
@@ -215,22 +215,11 @@ fn batch_inserts_unmatched_violates_follow_up_traces_to_commit() {
 
 #[test]
 fn tla_module_defines_every_twin_name() {
-    let tla = storage_file("AwaStagedFollowUps.tla");
-    let defined = tla_definitions(&tla);
-    for name in ACTIONS.iter().chain(&INVARIANTS).chain(&WITNESSES) {
-        assert!(
-            defined.contains(*name),
-            "AwaStagedFollowUps.tla does not define {name}"
-        );
-    }
-    for variant in Variant::ALL {
-        assert!(
-            tla.contains(&format!("\"{}\"", variant.name())),
-            "AwaStagedFollowUps.tla does not list variant {}",
-            variant.name()
-        );
-    }
-    assert!(tla.contains("MODULE AwaStagedFollowUps"));
+    assert_tla_names(
+        "AwaStagedFollowUps",
+        ACTIONS.into_iter().chain(INVARIANTS).chain(WITNESSES),
+        Variant::ALL.iter().map(|v| v.name()),
+    );
 }
 
 #[test]

@@ -19,8 +19,8 @@
 use std::collections::BTreeSet;
 
 use awa_correctness::harness::{
-    cfg_comments, check_exhaustively, render, shortest_counterexample, storage_file,
-    tla_definitions,
+    assert_tla_names, cfg_comments, check_exhaustively, render, shortest_counterexample,
+    storage_file,
 };
 use awa_correctness::queue_rotation::{
     State, Variant, ACTIONS, DEADLOCK_FREE, INVARIANTS, POSITIVE_INVARIANTS, WITNESSES,
@@ -199,28 +199,16 @@ fn seal_without_ring_lock_violates_cursor_never_passes_work() {
 
 #[test]
 fn tla_module_defines_every_twin_name() {
-    let tla = storage_file("AwaQueueRotation.tla");
-    let defined = tla_definitions(&tla);
-    let names = ACTIONS
-        .iter()
-        .chain(&INVARIANTS)
-        .chain(&POSITIVE_INVARIANTS)
-        .chain(&WITNESSES)
-        .chain(&["TypeOK", "Quiescent"]);
-    for name in names {
-        assert!(
-            defined.contains(*name),
-            "AwaQueueRotation.tla does not define {name}"
-        );
-    }
-    for variant in Variant::ALL {
-        assert!(
-            tla.contains(&format!("\"{}\"", variant.name())),
-            "AwaQueueRotation.tla does not list variant {}",
-            variant.name()
-        );
-    }
-    assert!(tla.contains("MODULE AwaQueueRotation"));
+    assert_tla_names(
+        "AwaQueueRotation",
+        ACTIONS
+            .into_iter()
+            .chain(INVARIANTS)
+            .chain(POSITIVE_INVARIANTS)
+            .chain(WITNESSES)
+            .chain(["TypeOK", "Quiescent"]),
+        Variant::ALL.iter().map(|v| v.name()),
+    );
 }
 
 #[test]

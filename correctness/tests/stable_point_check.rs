@@ -16,8 +16,8 @@
 //! --nocapture` to see the counts and counterexamples.
 
 use awa_correctness::harness::{
-    cfg_comments, check_exhaustively, render, shortest_counterexample, storage_file,
-    tla_definitions,
+    assert_tla_names, cfg_comments, check_exhaustively, render, shortest_counterexample,
+    storage_file,
 };
 use awa_correctness::stable_point::{
     Variant, ACTIONS, CURSOR_NEVER_PASSES_WORK, DEADLOCK_FREE, INVARIANTS, POSITIVE_INVARIANTS,
@@ -117,28 +117,16 @@ fn reading_the_seq_after_holding_an_xid_lets_the_cursor_pass_a_running_producer(
 
 #[test]
 fn tla_module_defines_every_twin_name() {
-    let tla = storage_file("AwaStablePoint.tla");
-    let defined = tla_definitions(&tla);
-    let names = ACTIONS
-        .iter()
-        .chain(&INVARIANTS)
-        .chain(&POSITIVE_INVARIANTS)
-        .chain(&WITNESSES)
-        .chain(&["TypeOK", "Quiescent"]);
-    for name in names {
-        assert!(
-            defined.contains(*name),
-            "AwaStablePoint.tla does not define {name}"
-        );
-    }
-    for variant in Variant::ALL {
-        assert!(
-            tla.contains(&format!("\"{}\"", variant.name())),
-            "AwaStablePoint.tla does not list variant {}",
-            variant.name()
-        );
-    }
-    assert!(tla.contains("MODULE AwaStablePoint"));
+    assert_tla_names(
+        "AwaStablePoint",
+        ACTIONS
+            .into_iter()
+            .chain(INVARIANTS)
+            .chain(POSITIVE_INVARIANTS)
+            .chain(WITNESSES)
+            .chain(["TypeOK", "Quiescent"]),
+        Variant::ALL.iter().map(|v| v.name()),
+    );
 }
 
 #[test]
