@@ -153,3 +153,37 @@ pub fn assert_tla_names<'a>(
     }
     assert!(tla.contains(&format!("MODULE {module}")));
 }
+
+/// What a configuration's comments must state (what `correctness/tlc.py` holds TLC to).
+pub enum Expect<'a> {
+    /// A positive configuration: no invariant violated, this many distinct states.
+    Positive { distinct: usize },
+    /// A negative one: this invariant violated, in a shortest counterexample of this many steps.
+    Negative { invariant: &'a str, steps: usize },
+}
+
+/// Assert that `cfg` (the text of `file`) checks `TypeOK` and `invariants` under
+/// `SPECIFICATION Spec`, and that its comments state `expect`, so that TLC is held to the
+/// twin's numbers.
+pub fn assert_cfg_states(file: &str, cfg: &str, invariants: &[&str], expect: &Expect<'_>) {
+    let has = |needle: &str| cfg.lines().any(|line| line.trim() == needle);
+    assert!(has("SPECIFICATION Spec"), "{file}: SPECIFICATION");
+    for name in invariants.iter().chain(&["TypeOK"]) {
+        assert!(has(name), "{file}: does not check {name}");
+    }
+    let (line, claim) = match expect {
+        Expect::Positive { distinct } => (
+            "\\* Expected: no invariant is violated.".to_string(),
+            format!("finds {distinct} distinct states"),
+        ),
+        Expect::Negative { invariant, steps } => (
+            format!("\\* Expected to violate: {invariant}"),
+            format!("Shortest counterexample ({steps} steps)"),
+        ),
+    };
+    assert!(has(&line), "{file}: missing `{line}`");
+    assert!(
+        cfg_comments(cfg).contains(&claim),
+        "{file}: its comments must say `{claim}` (correctness/tlc.py checks TLC against it)"
+    );
+}

@@ -16,8 +16,8 @@
 use std::collections::BTreeSet;
 
 use awa_correctness::harness::{
-    assert_tla_names, cfg_comments, check_exhaustively, render, shortest_counterexample,
-    storage_file,
+    assert_cfg_states, assert_tla_names, check_exhaustively, render, shortest_counterexample,
+    storage_file, Expect,
 };
 use awa_correctness::staged_follow_ups::{State, ACTIONS, DEADLOCK_FREE, INVARIANTS, WITNESSES};
 use awa_correctness::{AwaStagedFollowUps, Variant};
@@ -261,32 +261,22 @@ fn cfg_files_match_the_twin() {
             has(&format!("MaxFinalizeTries = {}", model.max_finalize_tries)),
             "{file}: MaxFinalizeTries"
         );
-        assert!(has("SPECIFICATION Spec"), "{file}: SPECIFICATION");
-        for name in INVARIANTS.iter().chain(&["TypeOK"]) {
-            assert!(has(name), "{file}: does not check {name}");
-        }
-        let expectation = match variant.expected_violation() {
-            None => "\\* Expected: no invariant is violated.".to_string(),
-            Some(name) => format!("\\* Expected to violate: {name}"),
-        };
-        assert!(has(&expectation), "{file}: missing `{expectation}`");
-        // The numbers correctness/tlc.py holds TLC to are read from these comments, so they
-        // must be the twin's: a positive cfg names its distinct-state count, a negative one
-        // the length of its shortest counterexample.
-        let comments = cfg_comments(&cfg);
-        let claim = match variant.expected_violation() {
-            None if model.batch_follow_ups => {
-                format!("finds {POSITIVE_DISTINCT_STATES} distinct states")
-            }
-            None => format!("finds {PER_JOB_DISTINCT_STATES} distinct states"),
-            Some(_) => format!(
-                "Shortest counterexample ({} steps)",
-                shortest_counterexample_len(variant)
-            ),
-        };
-        assert!(
-            comments.contains(&claim),
-            "{file}: its comments must say `{claim}` (correctness/tlc.py checks TLC against it)"
+        assert_cfg_states(
+            file,
+            &cfg,
+            &INVARIANTS,
+            &match variant.expected_violation() {
+                None if model.batch_follow_ups => Expect::Positive {
+                    distinct: POSITIVE_DISTINCT_STATES,
+                },
+                None => Expect::Positive {
+                    distinct: PER_JOB_DISTINCT_STATES,
+                },
+                Some(invariant) => Expect::Negative {
+                    invariant,
+                    steps: shortest_counterexample_len(variant),
+                },
+            },
         );
     }
 }

@@ -19,8 +19,8 @@
 use std::collections::BTreeSet;
 
 use awa_correctness::harness::{
-    assert_tla_names, cfg_comments, check_exhaustively, render, shortest_counterexample,
-    storage_file,
+    assert_cfg_states, assert_tla_names, check_exhaustively, render, shortest_counterexample,
+    storage_file, Expect,
 };
 use awa_correctness::queue_rotation::{
     State, Variant, ACTIONS, DEADLOCK_FREE, INVARIANTS, POSITIVE_INVARIANTS, WITNESSES,
@@ -232,11 +232,20 @@ fn cfg_files_match_the_twin() {
             assert!(has(&format!("{constant} = {value}")), "{file}: {constant}");
         }
         assert!(has("Open = Open"), "{file}: Open must be a model value");
-        assert!(has("SPECIFICATION Spec"), "{file}: SPECIFICATION");
-        for name in INVARIANTS.iter().chain(&["TypeOK"]) {
-            assert!(has(name), "{file}: does not check {name}");
-        }
-        // OnePlacePerJob and SealHolds are checked by the positive configuration only.
+        assert_cfg_states(
+            file,
+            &cfg,
+            &INVARIANTS,
+            &match variant.expected_violation() {
+                None => Expect::Positive {
+                    distinct: POSITIVE_DISTINCT_STATES,
+                },
+                Some(invariant) => Expect::Negative {
+                    invariant,
+                    steps: shortest_counterexample_len(variant),
+                },
+            },
+        );
         for name in POSITIVE_INVARIANTS {
             assert_eq!(
                 has(name),
@@ -244,24 +253,5 @@ fn cfg_files_match_the_twin() {
                 "{file}: {name} belongs to the positive configuration only"
             );
         }
-        let expectation = match variant.expected_violation() {
-            None => "\\* Expected: no invariant is violated.".to_string(),
-            Some(name) => format!("\\* Expected to violate: {name}"),
-        };
-        assert!(has(&expectation), "{file}: missing `{expectation}`");
-        // The numbers correctness/tlc.py holds TLC to are read from these comments, so they
-        // must be the twin's.
-        let comments = cfg_comments(&cfg);
-        let claim = match variant.expected_violation() {
-            None => format!("finds {POSITIVE_DISTINCT_STATES} distinct states"),
-            Some(_) => format!(
-                "Shortest counterexample ({} steps)",
-                shortest_counterexample_len(variant)
-            ),
-        };
-        assert!(
-            comments.contains(&claim),
-            "{file}: its comments must say `{claim}` (correctness/tlc.py checks TLC against it)"
-        );
     }
 }

@@ -16,8 +16,8 @@
 //! --nocapture` to see the counts and counterexamples.
 
 use awa_correctness::harness::{
-    assert_tla_names, cfg_comments, check_exhaustively, render, shortest_counterexample,
-    storage_file,
+    assert_cfg_states, assert_tla_names, check_exhaustively, render, shortest_counterexample,
+    storage_file, Expect,
 };
 use awa_correctness::stable_point::{
     Variant, ACTIONS, CURSOR_NEVER_PASSES_WORK, DEADLOCK_FREE, INVARIANTS, POSITIVE_INVARIANTS,
@@ -148,10 +148,20 @@ fn cfg_files_match_the_twin() {
             has(&format!("MaxXid = {}", model.max_xid)),
             "{file}: MaxXid"
         );
-        assert!(has("SPECIFICATION Spec"), "{file}: SPECIFICATION");
-        for name in INVARIANTS.iter().chain(&["TypeOK"]) {
-            assert!(has(name), "{file}: does not check {name}");
-        }
+        assert_cfg_states(
+            file,
+            &cfg,
+            &INVARIANTS,
+            &match variant.expected_violation() {
+                None => Expect::Positive {
+                    distinct: POSITIVE_DISTINCT_STATES,
+                },
+                Some(invariant) => Expect::Negative {
+                    invariant,
+                    steps: shortest_counterexample_len(variant),
+                },
+            },
+        );
         for name in POSITIVE_INVARIANTS {
             assert_eq!(
                 has(name),
@@ -159,22 +169,5 @@ fn cfg_files_match_the_twin() {
                 "{file}: {name} belongs to the positive configuration only"
             );
         }
-        let expectation = match variant.expected_violation() {
-            None => "\\* Expected: no invariant is violated.".to_string(),
-            Some(name) => format!("\\* Expected to violate: {name}"),
-        };
-        assert!(has(&expectation), "{file}: missing `{expectation}`");
-        let comments = cfg_comments(&cfg);
-        let claim = match variant.expected_violation() {
-            None => format!("finds {POSITIVE_DISTINCT_STATES} distinct states"),
-            Some(_) => format!(
-                "Shortest counterexample ({} steps)",
-                shortest_counterexample_len(variant)
-            ),
-        };
-        assert!(
-            comments.contains(&claim),
-            "{file}: its comments must say `{claim}` (correctness/tlc.py checks TLC against it)"
-        );
     }
 }
