@@ -23,6 +23,40 @@ pub struct Outcome<S, A> {
     pub seconds: f64,
 }
 
+impl<S, A: Debug + Clone> Outcome<S, A> {
+    /// Assert what a search of the correct protocol must show: it finished, found none of
+    /// `invariants` violated (nor a deadlock, when that is among them), reached every one of
+    /// `witnesses` (so the invariants do not pass vacuously), and saw exactly `distinct`
+    /// states (the number the `.cfg` of `module` states and TLC must report).
+    pub fn assert_correct<'a>(
+        &self,
+        module: &str,
+        invariants: impl IntoIterator<Item = &'a str>,
+        witnesses: impl IntoIterator<Item = &'a str>,
+        distinct: usize,
+    ) where
+        S: Clone,
+    {
+        for name in invariants {
+            if let Some(path) = self.discoveries.get(name) {
+                panic!("Correct violates {name}:\n{}", render(path));
+            }
+        }
+        assert!(self.done, "the search did not finish");
+        for name in witnesses {
+            assert!(
+                self.discoveries.contains_key(name),
+                "Correct never reaches {name}: the invariants may pass vacuously"
+            );
+        }
+        assert_eq!(
+            self.distinct, distinct,
+            "the correct protocol's state space changed; update the pinned count, {module}.cfg \
+             and correctness/README.md, and keep {module}.tla in step"
+        );
+    }
+}
+
 impl<S, A> Outcome<S, A> {
     /// Which of `invariants` the search found violated.
     pub fn violated(&self, invariants: &[&'static str]) -> BTreeSet<&'static str> {

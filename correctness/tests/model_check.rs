@@ -72,27 +72,14 @@ fn check_positive(model: AwaStagedFollowUps, expected_distinct: usize) {
         outcome.max_depth,
         outcome.seconds
     );
-    for name in INVARIANTS.into_iter().chain([DEADLOCK_FREE]) {
-        if let Some(path) = outcome.discoveries.get(name) {
-            panic!("Correct violates {name}:\n{}", render(path));
-        }
-    }
-    assert!(outcome.done, "the search did not finish");
-    // Without BatchFollowUps no batch inserts, so there is no batched replay.
-    let witnesses = WITNESSES
-        .into_iter()
-        .filter(|w| model.batch_follow_ups || *w != "WitnessBatchedReplay");
-    for name in witnesses {
-        assert!(
-            outcome.discoveries.contains_key(name),
-            "Correct never reaches {name}: the invariants may pass vacuously"
-        );
-    }
-    assert_eq!(
-        outcome.distinct, expected_distinct,
-        "the correct protocol's state space changed; update the pinned count, \
-         AwaStagedFollowUps.cfg and correctness/README.md, and keep \
-         AwaStagedFollowUps.tla in step"
+    outcome.assert_correct(
+        "AwaStagedFollowUps",
+        INVARIANTS.into_iter().chain([DEADLOCK_FREE]),
+        // Without BatchFollowUps no batch inserts, so there is no batched replay.
+        WITNESSES
+            .into_iter()
+            .filter(|w| model.batch_follow_ups || *w != "WitnessBatchedReplay"),
+        expected_distinct,
     );
 }
 

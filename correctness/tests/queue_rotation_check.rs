@@ -69,27 +69,14 @@ fn check_positive(model: AwaQueueRotation, expected_distinct: usize, witnesses: 
         "Correct (QueueSlots = {}): {} distinct states ({} generated, depth {}) in {:.2}s",
         model.queue_slots, outcome.distinct, outcome.generated, outcome.max_depth, outcome.seconds
     );
-    for name in INVARIANTS
-        .into_iter()
-        .chain(POSITIVE_INVARIANTS)
-        .chain([DEADLOCK_FREE])
-    {
-        if let Some(path) = outcome.discoveries.get(name) {
-            panic!("Correct violates {name}:\n{}", render(path));
-        }
-    }
-    assert!(outcome.done, "the search did not finish");
-    for name in witnesses {
-        assert!(
-            outcome.discoveries.contains_key(name),
-            "Correct never reaches {name}: the invariants may pass vacuously"
-        );
-    }
-    assert_eq!(
-        outcome.distinct, expected_distinct,
-        "the correct protocol's state space changed; update the pinned count, \
-         AwaQueueRotation.cfg and correctness/README.md, and keep \
-         AwaQueueRotation.tla in step"
+    outcome.assert_correct(
+        "AwaQueueRotation",
+        INVARIANTS
+            .into_iter()
+            .chain(POSITIVE_INVARIANTS)
+            .chain([DEADLOCK_FREE]),
+        witnesses.iter().copied(),
+        expected_distinct,
     );
 }
 
