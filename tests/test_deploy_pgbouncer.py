@@ -6,7 +6,8 @@ clients connect with ``?pool_mode=transaction`` (docs/deploying.md). A fleet of 
 (twelve client connections over four server sessions) drains jobs that stage follow-ups, runs
 external callbacks, inserts with COPY, takes the maintenance leadership and rescues the job of
 a worker process killed with SIGKILL. A direct connection (session mode) is used only to
-observe.
+observe. On the queue-storage leg (``AWA_ENGINE=queue_storage``) the fleet and the killed
+worker run on queue storage, installed through PgBouncer too.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pytest
 import awa
 import test_roles
 from clusters import Bouncer, Cluster
+from conftest import ENGINE
 from helpers import FAST, wait_for, wait_for_state
 
 
@@ -97,6 +99,8 @@ async def test_a_fleet_drains_stages_and_runs_callbacks_through_pgbouncer(
     url, direct = observer
     fleet = [awa.AsyncClient(url, max_connections=4) for _ in range(3)]
     await fleet[0].migrate()  # through PgBouncer as well
+    if ENGINE == "queue_storage":
+        await fleet[0].install_queue_storage()
     runs: dict[int, int] = {}
     tokens: dict[int, str] = {}
     for c in fleet:
@@ -180,6 +184,8 @@ async def test_a_killed_worker_is_rescued_through_pgbouncer(observer: tuple[str,
     url, direct = observer
     producer = awa.AsyncClient(url, max_connections=2)
     await producer.migrate()
+    if ENGINE == "queue_storage":
+        await producer.install_queue_storage()
     job = await producer.insert(Slow(tag="x"))
     proc = subprocess.Popen([sys.executable, "-c", WORKER, url], env={**os.environ})
     survivor = awa.AsyncClient(url, max_connections=4)
@@ -236,6 +242,8 @@ async def test_the_least_privilege_role_works_through_pgbouncer(setup: Setup) ->
     url, direct_url = setup.database()
     with awa.Client(direct_url) as owner:
         owner.migrate()
+        if ENGINE == "queue_storage":
+            owner.install_queue_storage()
     db = url.split("/")[-1].split("?")[0]
     setup.cluster.psql(f'CREATE ROLE "{APP_ROLE}" LOGIN')
     try:

@@ -1,5 +1,6 @@
 """Least privilege from Python: with only the grants of docs/deploying.md, ``migrate()`` is a
-no-op, and a worker, producers and admin calls work (design §7)."""
+no-op, and a worker, producers and admin calls work (design §7), on either engine
+(``AWA_ENGINE``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, Iterator
 import pytest
 
 import awa
-from conftest import admin_execute
+from conftest import ENGINE, admin_execute
 from helpers import FAST, wait_for, wait_for_state
 
 DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "deploying.md"
@@ -46,6 +47,8 @@ def app_url(empty_database: str) -> Iterator[str]:
     dropped afterwards)."""
     with awa.Client(empty_database) as owner:
         owner.migrate()
+        if ENGINE == "queue_storage":
+            owner.install_queue_storage()  # the role's worker then runs on queue storage
     role = f"awa_py_role_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     admin_execute(f'CREATE ROLE "{role}" LOGIN')
     try:

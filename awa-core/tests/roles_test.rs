@@ -351,3 +351,54 @@ async fn migrate_as_a_role_without_create_rights_on_an_empty_database_says_so() 
     );
     app.close().await;
 }
+
+#[tokio::test]
+async fn queue_storage_claims_and_reclaims_as_the_application_role() {
+    use awa_core::storage::queue_storage::QueueStorage;
+    let (db, role) = app_role("qs").await;
+    // Installed by the owner after the grants: the default privileges cover its objects.
+    let qs = QueueStorage::new("awa", 4, 2).expect("config");
+    awa_core::storage::transition::install_queue_storage(&db.pool, &qs, false)
+        .await
+        .expect("install as the owner");
+    let app = role.pool(2).await;
+    let jobs: Vec<NewJob> = (0..3)
+        .map(|n| awa_core::storage::insert::prepare(&EnqueueRequest::new(chore(n, "ok"))))
+        .collect::<Result<_, _>>()
+        .expect("prepare");
+    qs.enqueue(&app, &jobs)
+        .await
+        .expect("enqueue as the app role");
+    // The claim reads the last seq drawn (USAGE on the sequence, not SELECT).
+    let claimed = qs
+        .claim_queue(&app, "default", 10, Some(Duration::from_secs(60)))
+        .await
+        .expect("claim as the app role");
+    assert_eq!(claimed.len(), 3);
+    let ids: Vec<i64> = claimed.iter().map(|j| j.id).collect();
+    let leases: Vec<i64> = claimed.iter().map(|j| j.run_lease).collect();
+    assert_eq!(
+        qs.complete(&app, &ids, &leases)
+            .await
+            .expect("complete")
+            .len(),
+        3
+    );
+    // The leader's rotations: each lease slot with rows and, once the ring comes round, the
+    // queue slot holding the finished jobs are emptied with TRUNCATE.
+    let mut reclaimed = false;
+    for _ in 0..8 {
+        let turn = qs
+            .rotate(&app, Duration::ZERO)
+            .await
+            .expect("rotate as the app role");
+        reclaimed |= turn.carried.is_some();
+    }
+    assert!(reclaimed, "a slot was reclaimed");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM awa.ready_entries")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count");
+    assert_eq!(left, 0, "the finished jobs' slot was truncated");
+    app.close().await;
+}

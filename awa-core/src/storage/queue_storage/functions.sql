@@ -51,12 +51,13 @@ BEGIN
     PERFORM pg_advisory_xact_lock_shared(hashtext('awa.qs_ring'), hashtext('{s}'));
 END $$;
 
--- The last seq drawn (0 before the first: `last_value` reads 1 until then, `is_called` tells).
--- Read outside any snapshot: a sequence shows its current value to every transaction.
+-- The last seq drawn (0 before the first: `pg_sequence_last_value` is NULL until then). Read
+-- outside any snapshot: a sequence shows its current value to every transaction. Through the
+-- function, which needs USAGE on the sequence (what nextval needs, and what the documented
+-- grants give an application role), where reading the sequence as a relation needs SELECT.
 CREATE FUNCTION {s}.qs_last_seq() RETURNS bigint LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN (SELECT CASE WHEN q.is_called THEN q.last_value ELSE q.last_value - 1 END
-            FROM {s}.qs_seq q);
+    RETURN coalesce(pg_sequence_last_value('{s}.qs_seq'), 0);
 END $$;
 
 -- The current queue slot and its generation (a producer appends there, and only there).

@@ -175,8 +175,12 @@ impl QueueStorage {
 
     /// Whether the substrate is installed in this schema.
     pub async fn installed(&self, pool: &Db) -> Result<bool> {
-        let mut conn = pool.pool().acquire().await?;
-        self.installed_on(&mut conn).await
+        // In a transaction of `Db`'s (behind PgBouncer in transaction mode, statements run
+        // only inside one).
+        let mut tx = pool.begin().await?;
+        let found = self.installed_on(&mut tx).await?;
+        tx.rollback().await?;
+        Ok(found)
     }
 
     async fn installed_on(&self, conn: &mut PgConnection) -> Result<bool> {
@@ -224,8 +228,10 @@ impl QueueStorage {
     /// statement's snapshot, not the catalog cache (which a wait on the upgrade's lock does
     /// not refresh).
     pub async fn installed_version(&self, pool: &Db) -> Result<Option<i32>> {
-        let mut conn = pool.pool().acquire().await?;
-        self.version_on(&mut conn).await
+        let mut tx = pool.begin().await?;
+        let version = self.version_on(&mut tx).await?;
+        tx.rollback().await?;
+        Ok(version)
     }
 
     async fn version_on(&self, conn: &mut PgConnection) -> Result<Option<i32>> {
@@ -531,7 +537,7 @@ impl QueueStorage {
             .bind(queue)
             .bind(priority)
             .bind(n)
-            .fetch_all(pool.pool())
+            .fetch_all(pool)
             .await?;
         Ok(rows
             .iter()
@@ -573,7 +579,7 @@ impl QueueStorage {
             .bind(n)
             .bind(deadline.map(|d| d.as_secs_f64()))
             .bind(aging.map(|d| d.as_secs_f64()))
-            .fetch_all(pool.pool())
+            .fetch_all(pool)
             .await?;
         Ok(rows
             .iter()
@@ -631,8 +637,7 @@ impl QueueStorage {
         run_lease: i64,
         finish: &Finish,
     ) -> Result<bool> {
-        self.finalize_in(pool.pool(), id, run_lease, finish, None)
-            .await
+        self.finalize_in(pool, id, run_lease, finish, None).await
     }
 
     /// [`QueueStorage::finalize`] through any executor (the runtime's per-job transaction,
@@ -676,7 +681,7 @@ impl QueueStorage {
             .bind(id)
             .bind(run_lease)
             .bind(progress)
-            .fetch_one(pool.pool())
+            .fetch_one(pool)
             .await?)
     }
 
@@ -712,7 +717,7 @@ impl QueueStorage {
             .bind(run_lease)
             .bind(timeout.as_secs_f64())
             .bind(rules)
-            .fetch_one(pool.pool())
+            .fetch_one(pool)
             .await?)
     }
 
@@ -772,7 +777,7 @@ impl QueueStorage {
             .bind(id)
             .bind(run_lease)
             .bind(cid)
-            .fetch_optional(pool.pool())
+            .fetch_optional(pool)
             .await?)
     }
 
@@ -796,7 +801,7 @@ impl QueueStorage {
             .bind(id)
             .bind(run_lease)
             .bind(cid)
-            .fetch_optional(pool.pool())
+            .fetch_optional(pool)
             .await?)
     }
 
@@ -826,10 +831,7 @@ impl QueueStorage {
     /// substrate holds no unfinished job with this id.
     pub async fn cancel(&self, pool: &Db, id: i64) -> Result<Option<String>> {
         let sql = format!("SELECT {}($1)", self.name("qs_cancel"));
-        Ok(sqlx::query_scalar(&sql)
-            .bind(id)
-            .fetch_one(pool.pool())
-            .await?)
+        Ok(sqlx::query_scalar(&sql).bind(id).fetch_one(pool).await?)
     }
 
     /// Retry a job now, as canonical's admin retry does (`qs_retry`): `Some("retried")`, or
@@ -962,7 +964,7 @@ impl QueueStorage {
             .bind(queue)
             .bind(kind)
             .bind(deadline.as_secs_f64())
-            .fetch_all(pool.pool())
+            .fetch_all(pool)
             .await?;
         Ok(rows
             .iter()
@@ -973,7 +975,7 @@ impl QueueStorage {
     /// Complete attempts `(ids[i], run_leases[i])`; returns the ids whose lease was still
     /// open (the others were rescued or already completed: stale, nothing written).
     pub async fn complete(&self, pool: &Db, ids: &[i64], run_leases: &[i64]) -> Result<Vec<i64>> {
-        self.complete_in(pool.pool(), ids, run_leases).await
+        self.complete_in(pool, ids, run_leases).await
     }
 
     /// [`QueueStorage::complete`] through any executor, so a caller's transaction can insert
@@ -1061,7 +1063,7 @@ impl QueueStorage {
     /// Append every due deferred job to the current slot; returns how many.
     pub async fn promote(&self, pool: &Db) -> Result<i64> {
         let sql = format!("SELECT {}()", self.name("qs_promote"));
-        Ok(sqlx::query_scalar(&sql).fetch_one(pool.pool()).await?)
+        Ok(sqlx::query_scalar(&sql).fetch_one(pool).await?)
     }
 
     /// One maintenance pass of the rings: reclaim the oldest queue slot if its history is
@@ -1091,10 +1093,10 @@ impl QueueStorage {
         );
         let carried: Option<i64> = sqlx::query_scalar(&reclaim)
             .bind(retention.as_secs_f64())
-            .fetch_one(pool.pool())
+            .fetch_one(pool)
             .await?;
         let rotate = format!("SELECT {}()", self.name("qs_rotate_queue"));
-        let queue_slot: Option<i32> = sqlx::query_scalar(&rotate).fetch_one(pool.pool()).await?;
+        let queue_slot: Option<i32> = sqlx::query_scalar(&rotate).fetch_one(pool).await?;
         Ok((carried, queue_slot))
     }
 
@@ -1112,7 +1114,7 @@ impl QueueStorage {
         let sql = format!("SELECT {}($1)", self.name("qs_rotate_leases"));
         Ok(sqlx::query_scalar(&sql)
             .bind(min_bytes)
-            .fetch_one(pool.pool())
+            .fetch_one(pool)
             .await?)
     }
 
@@ -1123,7 +1125,7 @@ impl QueueStorage {
             "SELECT {JOB_COLUMNS} FROM {} ORDER BY id, state",
             self.name("qs_jobs")
         );
-        let rows = sqlx::query(&sql).fetch_all(pool.pool()).await?;
+        let rows = sqlx::query(&sql).fetch_all(pool).await?;
         Ok(rows
             .iter()
             .map(JobRow::from_row)
@@ -1136,8 +1138,7 @@ impl QueueStorage {
             "SELECT queue, priority, cursor, stable_seq FROM {} ORDER BY queue, priority",
             self.name("lanes")
         );
-        let rows: Vec<(String, i16, i64, i64)> =
-            sqlx::query_as(&sql).fetch_all(pool.pool()).await?;
+        let rows: Vec<(String, i16, i64, i64)> = sqlx::query_as(&sql).fetch_all(pool).await?;
         Ok(rows
             .into_iter()
             .map(|(queue, priority, cursor, stable_seq)| Lane {
@@ -1160,7 +1161,7 @@ pub(crate) async fn upgrade_installed(pool: &Db) -> Result<()> {
     let schema: Option<String> = sqlx::query_scalar(
         "SELECT schema_name FROM awa.runtime_storage_backends WHERE backend = 'queue_storage'",
     )
-    .fetch_optional(pool.pool())
+    .fetch_optional(pool)
     .await?;
     if let Some(schema) = schema {
         // The slot counts are the installed rings' own; an upgrade reads neither.
