@@ -20,6 +20,9 @@ CREATE TABLE IF NOT EXISTS {s}.qs_substrate (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     version   integer NOT NULL
 );
+-- Read by every runtime's start, whatever its role (an upgrade by the owner creates it after
+-- the application role's grants, which default privileges cover only if they were set).
+GRANT SELECT ON {s}.qs_substrate TO PUBLIC;
 
 -- A producer holds its transaction id before it draws a seq (once per statement; COPY too),
 -- and refuses to append once routing has moved away from this schema (migration 12's route
