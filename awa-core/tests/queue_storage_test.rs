@@ -2060,3 +2060,35 @@ async fn a_role_that_may_not_replace_the_functions_is_told_what_to_do() {
         Some(awa_core::storage::queue_storage::SUBSTRATE_VERSION)
     );
 }
+
+#[tokio::test]
+async fn an_upgrade_refuses_to_drop_a_users_object_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    sqlx::query("CREATE VIEW public.live_jobs AS SELECT awa_qs.qs_jobs_live() AS n")
+        .execute(&db.pool)
+        .await
+        .expect("a user's view over a substrate function");
+    sqlx::query("DROP TABLE awa_qs.qs_substrate")
+        .execute(&db.pool)
+        .await
+        .expect("age");
+    let refused = qs
+        .install(&db.pool)
+        .await
+        .expect_err("the view depends on it");
+    assert!(
+        refused.to_string().contains("depend"),
+        "PostgreSQL's own refusal: {refused}"
+    );
+    assert_eq!(
+        qs.installed_version(&db.pool).await.expect("version"),
+        Some(1),
+        "nothing changed"
+    );
+    let n: i64 = sqlx::query_scalar("SELECT n FROM public.live_jobs")
+        .fetch_one(&db.pool)
+        .await
+        .expect("the view is still there");
+    assert_eq!(n, 0);
+}

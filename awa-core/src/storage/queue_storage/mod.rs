@@ -1173,24 +1173,27 @@ pub(crate) async fn upgrade_installed(pool: &Db) -> Result<()> {
 
 /// SQL dropping every function the substrate's scripts create in `schema`, by name and
 /// whatever its arguments (only those: a schema shared with canonical keeps canonical's).
-/// Trigger functions too only when `triggers` (they are replaced in place on an upgrade:
-/// dropping one drops its trigger).
-pub(crate) fn drop_functions_sql(schema: &str, triggers: bool) -> String {
+/// `uninstall`: every one, with what depends on it (`CASCADE`: the trigger, which goes with
+/// its table anyway). Otherwise (an upgrade) every one but the trigger functions, which are
+/// replaced in place (dropping one drops its trigger), and without `CASCADE`: an object of the
+/// user's that calls one of them makes the upgrade fail, with nothing changed, rather than
+/// disappear with it.
+pub(crate) fn drop_functions_sql(schema: &str, uninstall: bool) -> String {
     let names: Vec<String> = QueueStorage::functions()
         .iter()
         .map(|f| format!("'{f}'"))
         .collect();
-    let keep = if triggers {
-        ""
+    let (keep, cascade) = if uninstall {
+        ("", " CASCADE")
     } else {
-        " AND p.prorettype <> 'trigger'::regtype"
+        (" AND p.prorettype <> 'trigger'::regtype", "")
     };
     format!(
         "DO $$ DECLARE f regprocedure; BEGIN
              FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
                       JOIN pg_namespace n ON n.oid = p.pronamespace
                       WHERE n.nspname = '{schema}' AND p.proname IN ({}){keep}
-             LOOP EXECUTE 'DROP FUNCTION ' || f || ' CASCADE'; END LOOP;
+             LOOP EXECUTE 'DROP FUNCTION ' || f || '{cascade}'; END LOOP;
          END $$;\n",
         names.join(", ")
     )
