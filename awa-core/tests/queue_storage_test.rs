@@ -1966,6 +1966,11 @@ async fn a_runtime_start_upgrades_an_older_substrate_before_it_claims() {
         qs.installed_version(&db.pool).await.expect("version"),
         Some(awa_core::storage::queue_storage::SUBSTRATE_VERSION)
     );
+    // The operator actions (admin.sql) and callbacks' resolution (callbacks.sql) are there
+    // after the upgrade too.
+    for name in ["qs_take_key", "qs_retry", "qs_discard_failed"] {
+        assert_eq!(overloads(&db, name).await.len(), 1, "{name}");
+    }
     // Straight into the substrate (the transition state still routes new jobs to canonical).
     let id = qs
         .enqueue(&db.pool, &jobs(LANE.0, LANE.1, 1, "after start"))

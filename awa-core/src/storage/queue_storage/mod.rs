@@ -153,17 +153,28 @@ impl QueueStorage {
         tables
     }
 
-    /// The substrate's functions, read from the install script as [`QueueStorage::tables`].
+    /// The substrate's functions, read from the install scripts as [`QueueStorage::tables`].
     pub(crate) fn functions() -> Vec<&'static str> {
         Self::created("CREATE FUNCTION {s}.")
     }
 
+    /// What an upgrade drops and creates again: the functions of `functions.sql` (the
+    /// `REPLACED_SQL` scripts replace theirs in place).
+    fn versioned_functions() -> Vec<&'static str> {
+        Self::created_in(&[FUNCTIONS_SQL], "CREATE FUNCTION {s}.")
+    }
+
     fn created(prefix: &str) -> Vec<&'static str> {
+        let mut scripts = vec![INSTALL_SQL, FUNCTIONS_SQL];
+        scripts.extend(REPLACED_SQL);
+        Self::created_in(&scripts, prefix)
+    }
+
+    fn created_in(scripts: &[&'static str], prefix: &str) -> Vec<&'static str> {
         let replaced = prefix.replacen("CREATE ", "CREATE OR REPLACE ", 1);
-        INSTALL_SQL
-            .lines()
-            .chain(FUNCTIONS_SQL.lines())
-            .chain(REPLACED_SQL.iter().flat_map(|script| script.lines()))
+        scripts
+            .iter()
+            .flat_map(|script| script.lines())
             .filter_map(move |line| {
                 line.strip_prefix(prefix)
                     .or_else(|| line.strip_prefix(replaced.as_str()))
@@ -204,9 +215,7 @@ impl QueueStorage {
 
     /// [`QueueStorage::install`] on the caller's open transaction.
     pub async fn install_in(&self, conn: &mut PgConnection) -> Result<()> {
-        if self.installed_on(conn).await? {
-            self.upgrade_in(conn).await?;
-        } else {
+        if !self.installed_on(conn).await? {
             let sql = INSTALL_SQL
                 .replace("{s}", &self.schema)
                 .replace("{q}", &self.queue_slots.to_string())
@@ -215,7 +224,15 @@ impl QueueStorage {
             // for every lifetime, which a spawned caller needs).
             sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
             self.write_functions(conn, false).await?;
+        } else if !self.upgrade_in(conn).await? {
+            // Current functions: the scripts replaced at every install still run.
+            self.write_replaced(conn).await?;
         }
+        Ok(())
+    }
+
+    /// Run the `REPLACED_SQL` scripts (`CREATE OR REPLACE`).
+    async fn write_replaced(&self, conn: &mut PgConnection) -> Result<()> {
         for script in REPLACED_SQL {
             let sql = script.replace("{s}", &self.schema);
             sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
@@ -319,7 +336,7 @@ impl QueueStorage {
     }
 
     /// Run `functions.sql` (after dropping every function it names, whatever the arguments,
-    /// when `replace`) and record its version.
+    /// when `replace`) and the `REPLACED_SQL` scripts, and record the version.
     async fn write_functions(&self, conn: &mut PgConnection, replace: bool) -> Result<()> {
         let mut sql = String::new();
         if replace {
@@ -327,6 +344,7 @@ impl QueueStorage {
         }
         sql.push_str(&FUNCTIONS_SQL.replace("{s}", &self.schema));
         sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
+        self.write_replaced(conn).await?;
         let record = format!(
             "INSERT INTO {} (version) VALUES ($1)
              ON CONFLICT (singleton) DO UPDATE SET version = excluded.version",
@@ -1171,18 +1189,20 @@ pub(crate) async fn upgrade_installed(pool: &Db) -> Result<()> {
     Ok(())
 }
 
-/// SQL dropping every function the substrate's scripts create in `schema`, by name and
-/// whatever its arguments (only those: a schema shared with canonical keeps canonical's).
-/// `uninstall`: every one, with what depends on it (`CASCADE`: the trigger, which goes with
-/// its table anyway). Otherwise (an upgrade) every one but the trigger functions, which are
-/// replaced in place (dropping one drops its trigger), and without `CASCADE`: an object of the
-/// user's that calls one of them makes the upgrade fail, with nothing changed, rather than
-/// disappear with it.
+/// SQL dropping the substrate's functions in `schema`, by name and whatever their arguments
+/// (only those: a schema shared with canonical keeps canonical's). `uninstall`: every function
+/// of every script, with what depends on it (`CASCADE`: the trigger, which goes with its
+/// table anyway). Otherwise (an upgrade) the functions of `functions.sql` but the trigger
+/// functions, which are replaced in place (dropping one drops its trigger), and without
+/// `CASCADE`: an object of the user's that calls one of them makes the upgrade fail, with
+/// nothing changed, rather than disappear with it.
 pub(crate) fn drop_functions_sql(schema: &str, uninstall: bool) -> String {
-    let names: Vec<String> = QueueStorage::functions()
-        .iter()
-        .map(|f| format!("'{f}'"))
-        .collect();
+    let functions = if uninstall {
+        QueueStorage::functions()
+    } else {
+        QueueStorage::versioned_functions()
+    };
+    let names: Vec<String> = functions.iter().map(|f| format!("'{f}'")).collect();
     let (keep, cascade) = if uninstall {
         ("", " CASCADE")
     } else {
