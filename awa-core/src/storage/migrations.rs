@@ -215,18 +215,18 @@ async fn run_pending_steps(tx: &mut sqlx::PgConnection) -> std::result::Result<(
     Ok(())
 }
 
+/// The server's message when `e` is a refusal for lack of rights (`insufficient_privilege`).
+pub(crate) fn denied(e: &sqlx::Error) -> Option<String> {
+    e.as_database_error()
+        .filter(|db| db.code().as_deref() == Some(INSUFFICIENT_PRIVILEGE))
+        .map(|db| db.message().to_string())
+}
+
 /// Turn a permission error from the DDL into one that says what to do; pass others through.
 fn explain_permission(e: sqlx::Error, found: i32) -> AwaError {
-    let denied = e
-        .as_database_error()
-        .is_some_and(|db| db.code().as_deref() == Some(INSUFFICIENT_PRIVILEGE));
-    if !denied {
+    let Some(cause) = denied(&e) else {
         return e.into();
-    }
-    let cause = e
-        .as_database_error()
-        .map(|db| db.message().to_string())
-        .unwrap_or_default();
+    };
     let found = if found == 0 {
         "the awa schema does not exist (version 0)".to_string()
     } else {

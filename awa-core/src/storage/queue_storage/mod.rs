@@ -277,26 +277,21 @@ impl QueueStorage {
     /// [`QueueStorage::upgrade`], with a refusal for lack of rights (a role that may not
     /// drop or create functions in the schema) explained as what the schema owner must do.
     pub async fn upgrade_or_explain(&self, pool: &Db) -> Result<bool> {
-        match self.upgrade(pool).await {
-            Err(AwaError::Database(e))
-                if e.as_database_error()
-                    .is_some_and(|d| d.code().as_deref() == Some(INSUFFICIENT_PRIVILEGE)) =>
-            {
-                let found = self.installed_version(pool).await?.unwrap_or(0);
-                let cause = e
-                    .as_database_error()
-                    .map(|d| d.message().to_string())
-                    .unwrap_or_default();
-                Err(AwaError::State(format!(
-                    "queue storage's functions in schema \"{schema}\" are version {found} but \
-                     this library's are version {SUBSTRATE_VERSION}, and this database role may \
-                     not replace them ({cause}); the schema owner must run migrate() or \
-                     install_queue_storage() first, see docs/deploying.md",
-                    schema = self.schema,
-                )))
-            }
-            other => other,
-        }
+        let e = match self.upgrade(pool).await {
+            Err(AwaError::Database(e)) => e,
+            other => return other,
+        };
+        let Some(cause) = crate::storage::migrations::denied(&e) else {
+            return Err(AwaError::Database(e));
+        };
+        let found = self.installed_version(pool).await?.unwrap_or(0);
+        Err(AwaError::State(format!(
+            "queue storage's functions in schema \"{schema}\" are version {found} but this \
+             library's are version {SUBSTRATE_VERSION}, and this database role may not replace \
+             them ({cause}); the schema owner must run migrate() or install_queue_storage() \
+             first, see docs/deploying.md",
+            schema = self.schema,
+        )))
     }
 
     /// Replace the substrate's functions when they are older than this library's
@@ -1168,9 +1163,6 @@ impl QueueStorage {
             .collect())
     }
 }
-
-/// SQL state `insufficient_privilege`.
-const INSUFFICIENT_PRIVILEGE: &str = "42501";
 
 /// Upgrade the functions of the queue-storage substrate the database has (the schema
 /// `awa.runtime_storage_backends` names, once an install or a transition's prepare wrote it):
