@@ -393,7 +393,7 @@ async def test_an_older_librarys_functions_are_replaced_by_migrate_and_jobs_run_
             "DROP TABLE awa.qs_substrate",
             "CREATE FUNCTION awa.qs_claim(p_queue text, p_priority smallint, p_n integer) "
             "RETURNS SETOF bigint LANGUAGE sql AS 'SELECT NULL::bigint WHERE false'",
-            "DROP FUNCTION awa.qs_claim_queue(text, integer, interval, interval)",
+            "DROP FUNCTION awa.qs_claim_queue(text, integer, interval, interval, smallint)",
             "CREATE FUNCTION awa.qs_claim_queue(p_queue text, p_n integer, p_deadline interval DEFAULT NULL, "
             "p_aging interval DEFAULT NULL) RETURNS SETOF awa.ready_entries LANGUAGE plpgsql "
             "AS 'BEGIN RETURN; END'",

@@ -106,8 +106,9 @@ RETURNS SETOF bigint LANGUAGE sql AS $$
 $$;
 
 -- Claim the oldest available job of p_kind in p_queue (best priority first) for the test
--- harness (`work_one`): the entry is consumed and leased as `qs_claim` leases it, without
--- moving the lane's cursor (claims skip consumed entries; the cursor passes it later).
+-- harness (`work_one`): the entry is consumed and leased as a claim (`qs_claim_queue`) leases
+-- it, without moving the lane's cursor (claims skip consumed entries; the cursor passes it
+-- later).
 CREATE OR REPLACE FUNCTION {s}.qs_claim_kind(p_queue text, p_kind text, p_deadline interval)
 RETURNS TABLE (id bigint, kind text, queue text, args jsonb, state text, priority smallint,
                attempt integer, max_attempts integer, run_at timestamptz,
@@ -127,7 +128,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused) THEN
         RETURN;
     END IF;
-    -- The lock order of qs_claim: leases, then the lane.
+    -- The lock order of qs_claim_queue: leases, then the lane.
     LOCK TABLE ONLY {s}.leases IN ROW EXCLUSIVE MODE;
     FOR pr IN 1 .. 4 LOOP
         c := coalesce((SELECT l.cursor FROM {s}.lanes l

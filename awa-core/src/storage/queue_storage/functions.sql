@@ -85,26 +85,22 @@ END $$;
 -- to the current one. Written as ranges of plain values so that a generic plan prunes the
 -- other slots' partitions at executor start-up (`slot = ANY(array)` would not prune), and the
 -- claim neither locks nor opens them: each opened partition costs a claim about 25 us.
-CREATE FUNCTION {s}.qs_slot_window(p_cursor bigint, OUT lo1 integer, OUT hi1 integer,
-                                   OUT lo2 integer, OUT hi2 integer)
-LANGUAGE plpgsql STABLE
-SET plan_cache_mode = force_generic_plan
-AS $$
-DECLARE
-    cur integer;
-    n integer;
-    back integer;
-BEGIN
-    SELECT r.current, r.slots INTO cur, n FROM {s}.queue_ring_state r;
-    SELECT coalesce(max((cur - s.slot + n) % n), 0) INTO back
-    FROM {s}.queue_ring_slots s
-    WHERE s.slot = cur OR s.seal_seq IS NULL OR s.seal_seq >= p_cursor;
-    IF cur - back >= 0 THEN
-        lo1 := cur - back; hi1 := cur; lo2 := 1; hi2 := 0;
-    ELSE
-        lo1 := 0; hi1 := cur; lo2 := cur - back + n; hi2 := n - 1;
-    END IF;
-END $$;
+-- A set-returning SQL function, so that it is inlined into the claim's statements (no call,
+-- no statements of its own); the claim runs with `jit = off`, since the ring tables' default
+-- estimates (never analyzed) would otherwise price these plans past `jit_above_cost`.
+CREATE FUNCTION {s}.qs_slot_window(p_cursor bigint)
+RETURNS TABLE (lo1 integer, hi1 integer, lo2 integer, hi2 integer)
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN r.current >= b.back THEN r.current - b.back ELSE 0 END,
+           r.current,
+           CASE WHEN r.current >= b.back THEN 1 ELSE r.current - b.back + r.slots END,
+           CASE WHEN r.current >= b.back THEN 0 ELSE r.slots - 1 END
+    FROM {s}.queue_ring_state r
+    CROSS JOIN LATERAL (
+        SELECT coalesce(max((r.current - s.slot + r.slots) % r.slots), 0) AS back
+        FROM {s}.queue_ring_slots s
+        WHERE s.slot = r.current OR s.seal_seq IS NULL OR s.seal_seq >= p_cursor) b
+$$;
 
 -- Insert jobs, one per element of the parallel arrays (validated by the caller, as every
 -- insert path validates): a job due now (run_at NULL or not after now()) is a ready entry in
@@ -233,12 +229,26 @@ BEGIN
           WHERE p_notify AND (t.r IS NULL OR t.r <= now())) w;
 END $$;
 
--- Claim up to p_n entries of a lane: lock the lane, confirm the stable point if its
--- transactions have ended, take the lowest committed unclaimed entries at or above the cursor,
--- lease them in the current lease slot, advance the cursor over the consumed prefix (never past
--- the stable point), and record the next candidate stable point.
-CREATE FUNCTION {s}.qs_claim(p_queue text, p_priority smallint, p_n integer,
-                            p_deadline interval DEFAULT NULL, p_seq bigint DEFAULT NULL)
+-- Claim up to p_n entries of a queue, best priority (1) first: each lane with work in turn
+-- (only lane p_lane when given, whether it has work or not); each lease gets a deadline
+-- p_deadline from now when given. A lane's claim: lock the lane, confirm its stable point if
+-- the transactions below it have ended, take the lowest committed unclaimed entries at or
+-- above the cursor, lease them in the current lease slot, advance the cursor over the consumed
+-- prefix (never past the stable point), and record the next candidate stable point
+-- (correctness/storage/AwaStablePoint.tla models these steps and their order).
+--
+-- One function, and as few statements as the protocol allows: a claim's cost is mostly its
+-- statements' start-up over the partitioned tables (docs/queue-storage-design.md, "Where a
+-- claim's time goes"), so an idle pickup runs four (the queue's state, the lanes' probe, the
+-- lane's lock, and one that picks, leases and moves the cursor) plus the lock on `leases`.
+--
+-- Its plans are generic (planned once per connection, whatever the parameters) and must not
+-- depend on the statistics at that moment: with scans other than plain index scans disabled,
+-- the pick and the probes walk the lane's index in seq order and stop at the first entries
+-- they need. Left to its estimates the planner chose a bitmap scan and a sort, which read every
+-- waiting entry of the lane at each claim: 10 ms per claim behind a backlog of 3,000 jobs.
+CREATE FUNCTION {s}.qs_claim_queue(p_queue text, p_n integer, p_deadline interval DEFAULT NULL,
+                                   p_aging interval DEFAULT NULL, p_lane smallint DEFAULT NULL)
 RETURNS TABLE (id bigint, kind text, queue text, args jsonb, state text, priority smallint,
                attempt integer, max_attempts integer, run_at timestamptz,
                heartbeat_at timestamptz, deadline_at timestamptz, attempted_at timestamptz,
@@ -248,160 +258,34 @@ RETURNS TABLE (id bigint, kind text, queue text, args jsonb, state text, priorit
                ordering_key text)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    lane   {s}.lanes;
-    lslot  integer;
-    v_seq  bigint;
-    confirmed boolean;
+    got integer := 0;
+    k integer;
+    pr smallint;
+    lanes smallint[] := ARRAY[1, 2, 3, 4];
     lo1 integer; hi1 integer; lo2 integer; hi2 integer;
-    v_picked {s}.ready_entries[];
-    n_picked integer;
-    max_seq  bigint;
+    cursors bigint[];
+    stuck boolean[];
+    paused boolean;
+    idle smallint[] := '{}';
+    v_seq bigint;
+    leases_locked boolean := false;
+    -- The lane being claimed: its row as locked, and what this claim reads under the lock.
+    l_cursor bigint; l_stable bigint; l_cand bigint; l_xmax xid8;
+    fresh boolean; confirmed boolean; lslot integer;
+    w_lo1 integer; w_hi1 integer; w_lo2 integer; w_hi2 integer;
 BEGIN
     -- Nothing to take: nothing to read or move (a cursor moved without reading would pass
     -- whatever is waiting).
     IF p_n <= 0 THEN
         RETURN;
     END IF;
-    -- The next candidate stable point's seq: the last seq drawn, read before this transaction
-    -- holds an xid (the lane's row lock below assigns it). Every producer of a seq at or below
-    -- it held its xid before drawing (`hold_xid`), so before ours: once every xid below ours
-    -- has ended, so has every such producer (the candidate's `cand_xmax` is our xid). Given by
-    -- qs_claim_queue, which reads it before its first lane's lock; NULL when the transaction
-    -- already held an xid, and then this claim sets no new candidate (it still confirms the one
-    -- the lane has). A snapshot's xmax would not do: it is one past the latest *completed*
-    -- xid, and a producer that started after that one and is still running holds an xid at or
-    -- above it.
-    v_seq := coalesce(p_seq, CASE WHEN pg_current_xact_id_if_assigned() IS NULL
-                                  THEN {s}.qs_last_seq() END);
-    -- Lock order, everywhere: leases, then a queue slot's tables (reclaim_queue takes leases in
-    -- EXCLUSIVE mode before its slot; a claim must not hold a slot's lock while it waits). The
-    -- parent alone carries that order (every statement on leases locks the parent first), so
-    -- a claim does not lock every lease slot, which would keep them from being truncated.
-    LOCK TABLE ONLY {s}.leases IN ROW EXCLUSIVE MODE;
-    -- Lanes are created by claimers, never by producers: a producer that created one would make
-    -- every other producer of the lane wait for its commit (ON CONFLICT waits on an insert in
-    -- progress).
-    -- (Looked up first: an insert attempt on every claim costs a speculative insertion.)
-    SELECT * INTO lane FROM {s}.lanes l WHERE l.queue = p_queue AND l.priority = p_priority FOR UPDATE;
-    IF NOT FOUND THEN
-        INSERT INTO {s}.lanes (queue, priority) VALUES (p_queue, p_priority) ON CONFLICT DO NOTHING;
-        SELECT * INTO lane FROM {s}.lanes l
-        WHERE l.queue = p_queue AND l.priority = p_priority FOR UPDATE;
-    END IF;
-    -- One statement, so one snapshot, taken after the lane lock was granted (it sees every
-    -- claim that committed while we waited): whether the candidate stable point is confirmed
-    -- (every xid below the candidate's has ended), the lease ring's current slot, and the
-    -- slots that can hold entries at or past the cursor. The window comes from the snapshot
-    -- that confirmed the stable point: every producer of a seq at or below it had ended before
-    -- that snapshot, so the slot it appended to is current or sealed at or above its seq there.
-    SELECT lane.cand_xmax <= pg_snapshot_xmin(pg_current_snapshot()),
-           r.current, w.lo1, w.hi1, w.lo2, w.hi2
-    INTO confirmed, lslot, lo1, hi1, lo2, hi2
-    FROM {s}.lease_ring_state r CROSS JOIN {s}.qs_slot_window(lane.cursor) w;
-    IF confirmed THEN
-        lane.stable_seq := greatest(lane.stable_seq, lane.cand_seq);
-        -- No seq drawn since the last candidate: keep it (an idle lane then writes nothing).
-        IF v_seq > lane.cand_seq THEN
-            lane.cand_seq := v_seq;
-            lane.cand_xmax := pg_current_xact_id();
-        END IF;
-    END IF;
-
-    -- The lowest committed unclaimed entries at or above the cursor, whole: the one statement
-    -- that reads the lane's slots (each statement over the partitioned tables opens an index
-    -- scan per slot it may read, which is most of a claim's cost), so the inserts below read
-    -- nothing. Each candidate is probed in its own slot's claimed entries (a claimed entry
-    -- shares its entry's slot): a nested probe per candidate, not an anti-join, whose plan a
-    -- generic plan's estimates could turn into a scan of every claimed entry per candidate.
-    SELECT coalesce(array_agg(p.e ORDER BY p.seq), '{}'), count(*), max(p.seq)
-    INTO v_picked, n_picked, max_seq
-    FROM (
-        SELECT e, e.seq
-        FROM {s}.ready_entries e
-        LEFT JOIN LATERAL (
-            SELECT true AS hit FROM {s}.claimed_entries c
-            WHERE (c.slot BETWEEN lo1 AND hi1 OR c.slot BETWEEN lo2 AND hi2)
-              AND c.slot = e.slot AND c.queue = p_queue AND c.priority = p_priority
-              AND c.seq = e.seq
-            LIMIT 1) x ON true
-        WHERE (e.slot BETWEEN lo1 AND hi1 OR e.slot BETWEEN lo2 AND hi2)
-          AND e.queue = p_queue AND e.priority = p_priority AND e.seq >= lane.cursor
-          AND x.hit IS NULL
-        ORDER BY e.seq
-        LIMIT p_n
-    ) p;
-
-    IF n_picked > 0 THEN
-        RETURN QUERY
-        WITH picked AS (
-            SELECT p.*, p.run_lease + 1 AS next_lease, p.attempt + 1 AS next_attempt, now() AS t0
-            FROM unnest(v_picked) AS p
-        ), consumed AS (
-            INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
-            SELECT p.slot, p_queue, p_priority, p.seq FROM picked p
-        ), leased AS (
-            INSERT INTO {s}.leases (lease_slot, id, run_lease, queue, priority, slot, generation,
-                                    seq, attempt, heartbeat_at, deadline_at, attempted_at, progress)
-            SELECT lslot, p.id, p.next_lease, p_queue, p_priority, p.slot, p.generation, p.seq,
-                   p.next_attempt, p.t0, p.t0 + p_deadline, p.t0, p.progress
-            FROM picked p
-        )
-        SELECT p.id, p.kind, p.queue, p.args, 'running'::text, p.priority, p.next_attempt,
-               p.max_attempts, p.run_at, p.t0, p.t0 + p_deadline, p.t0, NULL::timestamptz,
-               p.created_at, p.errors, p.metadata, p.tags, p.unique_key, p.unique_states,
-               NULL::text, NULL::timestamptz, p.next_lease, p.progress, p.ordering_key
-        FROM picked p ORDER BY p.seq;
-    END IF;
-
-    -- The cursor, never past the first unclaimed committed entry nor past the stable point
-    -- plus one (every seq at or below the stable point is committed or gone), from what the
-    -- claim took, without reading the lane again: the picked entries are the lowest unclaimed
-    -- ones this snapshot sees, and it sees every seq at or below the stable point (the lane
-    -- lock above waited for any other claim of the lane). Fewer than p_n: none is left below
-    -- the stable point. Exactly p_n: everything up to the last one taken is claimed now.
-    IF n_picked < p_n THEN
-        lane.cursor := greatest(lane.cursor, lane.stable_seq + 1);
-    ELSE
-        lane.cursor := greatest(lane.cursor, least(max_seq + 1, lane.stable_seq + 1));
-    END IF;
-    -- An unchanged lane is not written (an idle poll then leaves no dead tuple).
-    UPDATE {s}.lanes l SET cursor = lane.cursor, stable_seq = lane.stable_seq,
-        cand_seq = lane.cand_seq, cand_xmax = lane.cand_xmax
-    WHERE l.queue = p_queue AND l.priority = p_priority
-      AND (l.cursor, l.stable_seq, l.cand_seq, l.cand_xmax)
-          IS DISTINCT FROM (lane.cursor, lane.stable_seq, lane.cand_seq, lane.cand_xmax);
-    RETURN;
-END $$;
-
--- Claim up to p_n entries of a queue, best priority (1) first: each lane in turn; each lease
--- gets a deadline p_deadline from now when given.
-CREATE FUNCTION {s}.qs_claim_queue(p_queue text, p_n integer, p_deadline interval DEFAULT NULL,
-                                   p_aging interval DEFAULT NULL)
-RETURNS TABLE (id bigint, kind text, queue text, args jsonb, state text, priority smallint,
-               attempt integer, max_attempts integer, run_at timestamptz,
-               heartbeat_at timestamptz, deadline_at timestamptz, attempted_at timestamptz,
-               finalized_at timestamptz, created_at timestamptz, errors jsonb, metadata jsonb,
-               tags text[], unique_key bytea, unique_states smallint, callback_id text,
-               callback_timeout_at timestamptz, run_lease bigint, progress jsonb,
-               ordering_key text)
-LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
-AS $$
-DECLARE
-    got integer := 0;
-    k integer;
-    pr integer;
-    lanes integer[] := ARRAY[1, 2, 3, 4];
-    lo1 integer; hi1 integer; lo2 integer; hi2 integer;
-    cursors bigint[];
-    stuck boolean[];
-    paused boolean;
-    idle integer[];
-    v_seq bigint;
-BEGIN
     -- Whether the queue is paused (awa.queue_meta, shared with canonical: a paused queue hands
     -- out nothing); each lane's cursor, 0 for a lane without a row (never claimed: its entries
     -- can be in any slot), and the slots the queue's least advanced lane may need (the probes
@@ -409,8 +293,14 @@ BEGIN
     -- is at or below the highest seal), and a claim of it, though it finds nothing, would move
     -- it on: it has no row yet, or its cursor is behind its stable point, or its candidate
     -- stable point can be confirmed now, or that candidate is itself below the seal.
-    -- Also the last seq drawn, for the lanes' candidate stable points, read before this
-    -- transaction holds an xid (see qs_claim).
+    -- Also the next candidate stable point's seq: the last seq drawn, read before this
+    -- transaction holds an xid (the first lane's row lock below assigns it). Every producer of
+    -- a seq at or below it held its xid before drawing (`hold_xid`), so before ours: once every
+    -- xid below ours has ended, so has every such producer (a candidate's `cand_xmax` is our
+    -- xid). NULL when the transaction already held an xid, and then this claim sets no new
+    -- candidate (it still confirms the ones the lanes have). A snapshot's xmax would not do:
+    -- it is one past the latest *completed* xid, and a producer that started after that one
+    -- and is still running holds an xid at or above it.
     SELECT EXISTS (SELECT 1 FROM awa.queue_meta m WHERE m.queue = p_queue AND m.paused),
            c.cursors, c.stuck, w.lo1, w.hi1, w.lo2, w.hi2,
            CASE WHEN pg_current_xact_id_if_assigned() IS NULL THEN {s}.qs_last_seq() END
@@ -430,62 +320,200 @@ BEGIN
     IF paused THEN
         RETURN;
     END IF;
-    IF p_aging IS NOT NULL AND p_aging > interval '0' THEN
-        -- Priority aging (canonical's rule: one priority better, down to 1, for every p_aging
-        -- a job has been due), applied to each lane's oldest waiting entry: the lanes are
-        -- visited in the order of that entry's aged priority, then its run_at.
-        SELECT array_agg(x.pr ORDER BY x.eff, x.run_at NULLS LAST, x.pr) INTO lanes
-        FROM (
-            SELECT p.pr, h.run_at,
-                   CASE WHEN h.run_at IS NULL OR h.run_at > now() THEN p.pr
-                        ELSE greatest(1, p.pr - floor(extract(epoch FROM now() - h.run_at)
-                                                      / extract(epoch FROM p_aging))::int)
-                   END AS eff
-            FROM generate_series(1, 4) AS p(pr)
-            LEFT JOIN {s}.lanes l ON l.queue = p_queue AND l.priority = p.pr
-            LEFT JOIN LATERAL (
-                SELECT e.run_at FROM {s}.ready_entries e
-                WHERE (e.slot BETWEEN lo1 AND hi1 OR e.slot BETWEEN lo2 AND hi2)
-                  AND e.queue = p_queue AND e.priority = p.pr AND e.seq >= coalesce(l.cursor, 0)
-                  AND NOT EXISTS (SELECT 1 FROM {s}.claimed_entries ce
-                                  WHERE (ce.slot BETWEEN lo1 AND hi1
-                                         OR ce.slot BETWEEN lo2 AND hi2)
-                                    AND ce.slot = e.slot
-                                    AND ce.queue = e.queue AND ce.priority = e.priority
-                                    AND ce.seq = e.seq AND ce.seq >= coalesce(l.cursor, 0))
-                ORDER BY e.seq LIMIT 1) h ON true) x;
+    IF p_lane IS NOT NULL THEN
+        lanes := ARRAY[p_lane];
+    ELSE
+        IF p_aging IS NOT NULL AND p_aging > interval '0' THEN
+            -- Priority aging (canonical's rule: one priority better, down to 1, for every
+            -- p_aging a job has been due), applied to each lane's oldest waiting entry: the
+            -- lanes are visited in the order of that entry's aged priority, then its run_at.
+            SELECT array_agg(x.pr ORDER BY x.eff, x.run_at NULLS LAST, x.pr) INTO lanes
+            FROM (
+                SELECT p.pr, h.run_at,
+                       CASE WHEN h.run_at IS NULL OR h.run_at > now() THEN p.pr
+                            ELSE greatest(1, p.pr - floor(extract(epoch FROM now() - h.run_at)
+                                                          / extract(epoch FROM p_aging))::int)
+                       END AS eff
+                FROM generate_series(1, 4) AS p(pr)
+                LEFT JOIN {s}.lanes l ON l.queue = p_queue AND l.priority = p.pr
+                LEFT JOIN LATERAL (
+                    SELECT e.run_at FROM {s}.ready_entries e
+                    WHERE (e.slot BETWEEN lo1 AND hi1 OR e.slot BETWEEN lo2 AND hi2)
+                      AND e.queue = p_queue AND e.priority = p.pr
+                      AND e.seq >= coalesce(l.cursor, 0)
+                      AND NOT EXISTS (SELECT 1 FROM {s}.claimed_entries ce
+                                      WHERE (ce.slot BETWEEN lo1 AND hi1
+                                             OR ce.slot BETWEEN lo2 AND hi2)
+                                        AND ce.slot = e.slot
+                                        AND ce.queue = e.queue AND ce.priority = e.priority
+                                        AND ce.seq = e.seq AND ce.seq >= coalesce(l.cursor, 0))
+                    ORDER BY e.seq LIMIT 1) h ON true) x;
+        END IF;
+        -- Only lanes with an entry at or past their cursor (read without a lock: an entry
+        -- committed after this read is found by the claim its wake-up starts), in the order
+        -- above: a claim of an empty lane locks and upserts its lane row, and skipping them
+        -- quarters an idle pickup. Each lane's probe is a subplan, opened once and rescanned
+        -- per lane, so the slots' index scans are set up once, not once per lane.
+        -- Then the `stuck` lanes found empty, which keep an old slot in every probe's window: a
+        -- claim of one takes nothing, but creates the lane's row if it has none and moves its
+        -- cursor up to the stable point, so the window narrows again as the ring turns. That
+        -- is housekeeping, so it is done when this claim took nothing anyway (an idle poll),
+        -- or when the window has grown past the current slot and the one before it; not by
+        -- the claim that takes a job just woken up (three idle lanes' claims put about 1 ms on
+        -- a pickup after every rotation). An idle lane is claimed (and writes its row) a few
+        -- times per turn of the ring, and not at all while the xmin horizon holds its stable
+        -- point back.
+        SELECT coalesce(array_agg(t.pr ORDER BY t.o) FILTER (WHERE t.hit), '{}'),
+               coalesce(array_agg(t.pr ORDER BY t.o) FILTER (WHERE NOT t.hit AND stuck[t.pr]),
+                        '{}')
+        INTO lanes, idle
+        FROM (SELECT u.pr, u.o, EXISTS (
+                  SELECT 1 FROM {s}.ready_entries e
+                  WHERE (e.slot BETWEEN lo1 AND hi1 OR e.slot BETWEEN lo2 AND hi2)
+                    AND e.queue = p_queue AND e.priority = u.pr
+                    AND e.seq >= cursors[u.pr]
+                  LIMIT 1) AS hit
+              -- (OFFSET 0: not flattened, or each FILTER above would probe again)
+              FROM unnest(lanes) WITH ORDINALITY AS u(pr, o) OFFSET 0) t;
     END IF;
-    -- Only lanes with an entry at or past their cursor (read without a lock: an entry
-    -- committed after this read is found by the claim its wake-up starts), in the order above:
-    -- a claim of an empty lane locks and upserts its lane row, and skipping them quarters an
-    -- idle pickup. Each lane's probe is a subplan, opened once and rescanned per lane, so the
-    -- slots' index scans are set up once, not once per lane.
-    -- Then the `stuck` lanes found empty, which keep an old slot in every probe's window: a
-    -- claim of one takes nothing, but creates the lane's row if it has none and moves its
-    -- cursor up to the stable point, so the window narrows again as the ring turns. That is
-    -- housekeeping, so it is done when this claim took nothing anyway (an idle poll), or when
-    -- the window has grown past the current slot and the one before it; not by the claim that
-    -- takes a job just woken up (three idle lanes' claims put about 1 ms on a pickup after
-    -- every rotation). An idle lane is claimed (and writes its row) a few times per turn of the
-    -- ring, and not at all while the xmin horizon holds its stable point back.
-    SELECT coalesce(array_agg(t.pr ORDER BY t.o) FILTER (WHERE t.hit), '{}'),
-           coalesce(array_agg(t.pr ORDER BY t.o) FILTER (WHERE NOT t.hit AND stuck[t.pr]), '{}')
-    INTO lanes, idle
-    FROM (SELECT u.pr, u.o, EXISTS (
-              SELECT 1 FROM {s}.ready_entries e
-              WHERE (e.slot BETWEEN lo1 AND hi1 OR e.slot BETWEEN lo2 AND hi2)
-                AND e.queue = p_queue AND e.priority = u.pr
-                AND e.seq >= cursors[u.pr]
-              LIMIT 1) AS hit
-          FROM unnest(lanes) WITH ORDINALITY AS u(pr, o)) t;
     FOREACH pr IN ARRAY lanes || idle LOOP
         EXIT WHEN got >= p_n;
         -- The idle lanes come last: skipped when this claim took a job and the window is narrow.
         EXIT WHEN pr = ANY (idle) AND got > 0 AND hi1 - lo1 + 1 + greatest(hi2 - lo2 + 1, 0) <= 2;
-        RETURN QUERY SELECT * FROM {s}.qs_claim(p_queue, pr::smallint, p_n - got, p_deadline, v_seq);
+        -- Lock order, everywhere: leases, then a queue slot's tables (reclaim_queue takes
+        -- leases in EXCLUSIVE mode before its slot; a claim must not hold a slot's lock while
+        -- it waits). The parent alone carries that order (every statement on leases locks the
+        -- parent first), so a claim does not lock every lease slot, which would keep them from
+        -- being truncated.
+        IF NOT leases_locked THEN
+            LOCK TABLE ONLY {s}.leases IN ROW EXCLUSIVE MODE;
+            leases_locked := true;
+        END IF;
+        -- The lane's row lock (the first one assigns this transaction's xid, after v_seq was
+        -- read). The confirmation, the lease ring's current slot and the slots that can hold
+        -- entries at or past the cursor must be read with a snapshot from after the lock was
+        -- granted, so that they see every claim of the lane that committed while this one
+        -- waited. This statement's snapshot is from before: it serves when the row it locked
+        -- is the one that snapshot sees (`fresh`: no claim of the lane changed it meanwhile,
+        -- so the candidate it confirms was recorded, and its seq read, before that snapshot);
+        -- otherwise a second statement reads them again. The window must come from a snapshot
+        -- that confirms the stable point or a later one: every producer of a seq at or below
+        -- it had ended before that snapshot, so the slot it appended to is current or sealed
+        -- at or above its seq there. (Under READ COMMITTED a row lock that waited returns the
+        -- row's newest version, re-evaluating this statement for it; the scalar subquery reads
+        -- the version the snapshot sees.)
+        SELECT l.cursor, l.stable_seq, l.cand_seq, l.cand_xmax,
+               ROW(l.cursor, l.stable_seq, l.cand_seq, l.cand_xmax) IS NOT DISTINCT FROM
+                   (SELECT ROW(v.cursor, v.stable_seq, v.cand_seq, v.cand_xmax)
+                    FROM {s}.lanes v WHERE v.queue = p_queue AND v.priority = pr),
+               l.cand_xmax <= pg_snapshot_xmin(pg_current_snapshot()), lr.current,
+               w.lo1, w.hi1, w.lo2, w.hi2
+        INTO l_cursor, l_stable, l_cand, l_xmax, fresh, confirmed, lslot,
+             w_lo1, w_hi1, w_lo2, w_hi2
+        FROM {s}.lanes l
+        CROSS JOIN {s}.lease_ring_state lr
+        CROSS JOIN LATERAL {s}.qs_slot_window(l.cursor) w
+        WHERE l.queue = p_queue AND l.priority = pr
+        FOR UPDATE OF l;
+        IF NOT FOUND THEN
+            -- Lanes are created by claimers, never by producers: a producer that created one
+            -- would make every other producer of the lane wait for its commit (ON CONFLICT
+            -- waits on an insert in progress). (Looked up first: an insert attempt on every
+            -- claim costs a speculative insertion.)
+            INSERT INTO {s}.lanes (queue, priority) VALUES (p_queue, pr) ON CONFLICT DO NOTHING;
+            SELECT l.cursor, l.stable_seq, l.cand_seq, l.cand_xmax
+            INTO l_cursor, l_stable, l_cand, l_xmax
+            FROM {s}.lanes l WHERE l.queue = p_queue AND l.priority = pr FOR UPDATE;
+            fresh := false;
+        END IF;
+        IF NOT fresh THEN
+            SELECT l_xmax <= pg_snapshot_xmin(pg_current_snapshot()), lr.current,
+                   w.lo1, w.hi1, w.lo2, w.hi2
+            INTO confirmed, lslot, w_lo1, w_hi1, w_lo2, w_hi2
+            FROM {s}.lease_ring_state lr CROSS JOIN LATERAL {s}.qs_slot_window(l_cursor) w;
+        END IF;
+        IF confirmed THEN
+            l_stable := greatest(l_stable, l_cand);
+            -- No seq drawn since the last candidate: keep it (an idle lane then writes nothing).
+            IF v_seq > l_cand THEN
+                l_cand := v_seq;
+                l_xmax := pg_current_xact_id();
+            END IF;
+        END IF;
+        -- One statement, so one snapshot from after the lock: it picks the lowest committed
+        -- unclaimed entries at or above the cursor (the one read of the lane's slots: each
+        -- statement over the partitioned tables opens an index scan per slot it may read, which
+        -- is most of a claim's cost), consumes and leases them, and moves the cursor. Each
+        -- candidate is probed in its own slot's claimed entries (a claimed entry shares its
+        -- entry's slot): a nested probe per candidate, not an anti-join, whose plan a generic
+        -- plan's estimates could turn into a scan of every claimed entry per candidate.
+        -- The cursor, never past the first unclaimed committed entry nor past the stable point
+        -- plus one (every seq at or below the stable point is committed or gone), comes from
+        -- what the claim took: the picked entries are the lowest unclaimed ones this snapshot
+        -- sees, and it sees every seq at or below the stable point (the lane lock waited for
+        -- any other claim of the lane). Fewer than asked: none is left below the stable point.
+        -- As many as asked: everything up to the last one taken is claimed now. An unchanged
+        -- lane is not written (an idle poll then leaves no dead tuple).
+        RETURN QUERY
+        WITH picked AS (
+            SELECT e.*, e.run_lease + 1 AS next_lease, e.attempt + 1 AS next_attempt,
+                   now() AS t0
+            FROM {s}.ready_entries e
+            LEFT JOIN LATERAL (
+                SELECT true AS hit FROM {s}.claimed_entries c
+                WHERE (c.slot BETWEEN w_lo1 AND w_hi1 OR c.slot BETWEEN w_lo2 AND w_hi2)
+                  AND c.slot = e.slot AND c.queue = p_queue AND c.priority = pr
+                  AND c.seq = e.seq
+                LIMIT 1) x ON true
+            WHERE (e.slot BETWEEN w_lo1 AND w_hi1 OR e.slot BETWEEN w_lo2 AND w_hi2)
+              AND e.queue = p_queue AND e.priority = pr AND e.seq >= l_cursor
+              AND x.hit IS NULL
+            ORDER BY e.seq
+            LIMIT p_n - got
+        ), consumed AS (
+            INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
+            SELECT p.slot, p_queue, pr, p.seq FROM picked p
+        ), leased AS (
+            INSERT INTO {s}.leases (lease_slot, id, run_lease, queue, priority, slot, generation,
+                                    seq, attempt, heartbeat_at, deadline_at, attempted_at, progress)
+            SELECT lslot, p.id, p.next_lease, p_queue, pr, p.slot, p.generation, p.seq,
+                   p.next_attempt, p.t0, p.t0 + p_deadline, p.t0, p.progress
+            FROM picked p
+        ), moved AS (
+            UPDATE {s}.lanes l
+            SET cursor = m.cursor, stable_seq = l_stable, cand_seq = l_cand, cand_xmax = l_xmax
+            FROM (SELECT CASE WHEN count(*) < p_n - got THEN greatest(l_cursor, l_stable + 1)
+                              ELSE greatest(l_cursor, least(max(p.seq) + 1, l_stable + 1))
+                         END AS cursor
+                  FROM picked p) m
+            WHERE l.queue = p_queue AND l.priority = pr
+              AND (l.cursor, l.stable_seq, l.cand_seq, l.cand_xmax)
+                  IS DISTINCT FROM (m.cursor, l_stable, l_cand, l_xmax)
+        )
+        SELECT p.id, p.kind, p.queue, p.args, 'running'::text, p.priority, p.next_attempt,
+               p.max_attempts, p.run_at, p.t0, p.t0 + p_deadline, p.t0, NULL::timestamptz,
+               p.created_at, p.errors, p.metadata, p.tags, p.unique_key, p.unique_states,
+               NULL::text, NULL::timestamptz, p.next_lease, p.progress, p.ordering_key
+        FROM picked p ORDER BY p.seq;
         GET DIAGNOSTICS k = ROW_COUNT;
         got := got + k;
     END LOOP;
+END $$;
+
+-- Claim up to p_n entries of one lane in seq order, whether the probe would find work there
+-- or not (tests and the harness use it to drive a lane's protocol step by step).
+CREATE FUNCTION {s}.qs_claim(p_queue text, p_priority smallint, p_n integer,
+                            p_deadline interval DEFAULT NULL)
+RETURNS TABLE (id bigint, kind text, queue text, args jsonb, state text, priority smallint,
+               attempt integer, max_attempts integer, run_at timestamptz,
+               heartbeat_at timestamptz, deadline_at timestamptz, attempted_at timestamptz,
+               finalized_at timestamptz, created_at timestamptz, errors jsonb, metadata jsonb,
+               tags text[], unique_key bytea, unique_states smallint, callback_id text,
+               callback_timeout_at timestamptz, run_lease bigint, progress jsonb,
+               ordering_key text)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM {s}.qs_claim_queue(p_queue, p_n, p_deadline, NULL, p_priority);
 END $$;
 
 -- Heartbeat open attempts, storing the progress given for each (NULL keeps what is stored);
