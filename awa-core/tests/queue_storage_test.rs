@@ -774,15 +774,22 @@ async fn index_reads(conn: &mut sqlx::PgConnection, table: &str) -> i64 {
 async fn a_claim_behind_a_backlog_reads_what_it_takes() {
     let db = TestDb::new().await;
     let qs = installed(&db, 4, 2).await;
+    // Everything that reads the substrate runs on this one connection, whose counts are
+    // flushed before each reading (another backend's arrive up to seconds later).
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
     for part in 0..3 {
-        qs.enqueue(db.pool.pool(), &jobs("q", 2, 1000, &format!("b{part}")))
+        qs.enqueue(&mut conn, &jobs("q", 2, 1000, &format!("b{part}")))
             .await
             .unwrap();
     }
     sqlx::query("ANALYZE awa_qs.ready_entries, awa_qs.claimed_entries")
-        .execute(db.pool.pool())
+        .execute(&mut conn)
         .await
         .unwrap();
+    // A connection that plans the claim afresh, with these statistics (this one's counts
+    // are flushed first: a closing backend's would arrive while the next one counts).
+    index_reads(&mut conn, "ready_entries").await;
+    conn.close().await.expect("close");
     let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
     for round in 0..5 {
         let (ready, claimed) = (
@@ -797,13 +804,19 @@ async fn a_claim_behind_a_backlog_reads_what_it_takes() {
         assert_eq!(got.len(), 10, "round {round}");
         let read = index_reads(&mut conn, "ready_entries").await - ready;
         let probed = index_reads(&mut conn, "claimed_entries").await - claimed;
-        // The probe's first entry, the ten taken and the few the cursor lags behind (the
-        // stable point is confirmed one claim later); not the 3,000 waiting.
+        // The probe's first entry, the ten taken, and those the cursor still lags behind:
+        // at most the ones taken before (the stable point is confirmed a claim later, or
+        // later still while another database's transactions hold the xmin horizon back);
+        // never the 3,000 waiting.
+        let bound = 10 * (round + 1) + 10;
         assert!(
-            read <= 40,
+            read <= bound,
             "round {round}: {read} ready entries read for 10 taken"
         );
-        assert!(probed <= 40, "round {round}: {probed} claimed entries read");
+        assert!(
+            probed <= bound,
+            "round {round}: {probed} claimed entries read"
+        );
     }
 }
 

@@ -199,6 +199,9 @@ fn uninstall_sql(schema: &str) -> String {
     sql.push_str(&crate::storage::queue_storage::drop_functions_sql(
         schema, true,
     ));
+    for ty in QueueStorage::types() {
+        sql.push_str(&format!("DROP TYPE IF EXISTS {schema}.{ty} CASCADE;\n"));
+    }
     sql
 }
 
@@ -425,6 +428,8 @@ mod tests {
             sql.matches("DROP TABLE IF EXISTS awa_x.").count(),
             tables.len()
         );
+        assert_eq!(QueueStorage::types(), ["qs_claimed_job"]);
+        assert!(sql.contains("DROP TYPE IF EXISTS awa_x.qs_claimed_job CASCADE;"));
     }
 
     #[test]

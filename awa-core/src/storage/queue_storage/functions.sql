@@ -229,6 +229,18 @@ BEGIN
           WHERE p_notify AND (t.r IS NULL OR t.r <= now())) w;
 END $$;
 
+-- A claimed job as the claim returns it (the columns a job row is read from). Made again
+-- with the functions that return it (an upgrade drops those first; a user's object that
+-- depends on it makes the upgrade fail, as for the functions).
+DROP TYPE IF EXISTS {s}.qs_claimed_job;
+CREATE TYPE {s}.qs_claimed_job AS (
+    id bigint, kind text, queue text, args jsonb, state text, priority smallint,
+    attempt integer, max_attempts integer, run_at timestamptz, heartbeat_at timestamptz,
+    deadline_at timestamptz, attempted_at timestamptz, finalized_at timestamptz,
+    created_at timestamptz, errors jsonb, metadata jsonb, tags text[], unique_key bytea,
+    unique_states smallint, callback_id text, callback_timeout_at timestamptz,
+    run_lease bigint, progress jsonb, ordering_key text);
+
 -- Claim up to p_n entries of a queue, best priority (1) first: each lane with work in turn
 -- (only lane p_lane when given, whether it has work or not); each lease gets a deadline
 -- p_deadline from now when given. A lane's claim: lock the lane, confirm its stable point if
@@ -249,13 +261,7 @@ END $$;
 -- waiting entry of the lane at each claim: 10 ms per claim behind a backlog of 3,000 jobs.
 CREATE FUNCTION {s}.qs_claim_queue(p_queue text, p_n integer, p_deadline interval DEFAULT NULL,
                                    p_aging interval DEFAULT NULL, p_lane smallint DEFAULT NULL)
-RETURNS TABLE (id bigint, kind text, queue text, args jsonb, state text, priority smallint,
-               attempt integer, max_attempts integer, run_at timestamptz,
-               heartbeat_at timestamptz, deadline_at timestamptz, attempted_at timestamptz,
-               finalized_at timestamptz, created_at timestamptz, errors jsonb, metadata jsonb,
-               tags text[], unique_key bytea, unique_states smallint, callback_id text,
-               callback_timeout_at timestamptz, run_lease bigint, progress jsonb,
-               ordering_key text)
+RETURNS SETOF {s}.qs_claimed_job
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 SET jit = off
@@ -504,13 +510,7 @@ END $$;
 -- or not (tests and the harness use it to drive a lane's protocol step by step).
 CREATE FUNCTION {s}.qs_claim(p_queue text, p_priority smallint, p_n integer,
                             p_deadline interval DEFAULT NULL)
-RETURNS TABLE (id bigint, kind text, queue text, args jsonb, state text, priority smallint,
-               attempt integer, max_attempts integer, run_at timestamptz,
-               heartbeat_at timestamptz, deadline_at timestamptz, attempted_at timestamptz,
-               finalized_at timestamptz, created_at timestamptz, errors jsonb, metadata jsonb,
-               tags text[], unique_key bytea, unique_states smallint, callback_id text,
-               callback_timeout_at timestamptz, run_lease bigint, progress jsonb,
-               ordering_key text)
+RETURNS SETOF {s}.qs_claimed_job
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN QUERY SELECT * FROM {s}.qs_claim_queue(p_queue, p_n, p_deadline, NULL, p_priority);

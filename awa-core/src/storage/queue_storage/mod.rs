@@ -158,6 +158,11 @@ impl QueueStorage {
         Self::created("CREATE FUNCTION {s}.")
     }
 
+    /// The substrate's types (the claim's row), read from the install scripts likewise.
+    pub(crate) fn types() -> Vec<&'static str> {
+        Self::created("CREATE TYPE {s}.")
+    }
+
     /// What an upgrade drops and creates again: the functions of `functions.sql` (the
     /// `REPLACED_SQL` scripts replace theirs in place).
     fn versioned_functions() -> Vec<&'static str> {
