@@ -820,6 +820,70 @@ async fn a_claim_behind_a_backlog_reads_what_it_takes() {
     }
 }
 
+/// A claim waits for `leases` before it touches a slot's tables (the lock order a reclaim
+/// relies on: `leases` in EXCLUSIVE mode, then the slot's tables). The claim's plans lock
+/// every slot's tables (a cached generic plan locks every partition it names), so a claim
+/// that read the slots first and then waited for `leases` held a reclaim that wanted a slot
+/// until the reclaim's lock_timeout gave up (a 65 ms pickup), or PostgreSQL's deadlock check
+/// cancelled one of them.
+#[tokio::test]
+async fn a_claim_waiting_for_leases_holds_no_slot() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    qs.enqueue(db.pool.pool(), &jobs("q", 2, 1, "l"))
+        .await
+        .unwrap();
+    // A reclaim's first lock.
+    let mut reclaim = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    for sql in ["BEGIN", "LOCK TABLE ONLY awa_qs.leases IN EXCLUSIVE MODE"] {
+        sqlx::query(sql).execute(&mut reclaim).await.expect(sql);
+    }
+    let mut claimer = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut claimer)
+        .await
+        .unwrap();
+    let claim = tokio::spawn(async move {
+        sqlx::query_scalar::<_, i64>("SELECT id FROM awa_qs.qs_claim_queue('q', 1, NULL)")
+            .fetch_all(&mut claimer)
+            .await
+    });
+    // Until the claim waits for a lock (which can only be the reclaim's on leases).
+    let waiting = async {
+        loop {
+            let waits: bool = sqlx::query_scalar(
+                "SELECT coalesce(bool_or(wait_event_type = 'Lock'), false)
+                 FROM pg_stat_activity WHERE pid = $1",
+            )
+            .bind(pid)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            if waits {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the claim waits for leases");
+    // The reclaim's second lock: every slot's tables, granted at once (the deadlock check
+    // would cancel one side after a second; the timeout is well past it).
+    for sql in [
+        "SET LOCAL lock_timeout = '10s'",
+        "LOCK TABLE awa_qs.ready_entries, awa_qs.claimed_entries IN ACCESS EXCLUSIVE MODE",
+        "ROLLBACK",
+    ] {
+        sqlx::query(sql)
+            .execute(&mut reclaim)
+            .await
+            .expect("a claim waiting for leases holds no slot's lock");
+    }
+    let got = claim.await.expect("join").expect("claim");
+    assert_eq!(got.len(), 1);
+}
+
 #[tokio::test]
 async fn a_paused_queue_hands_out_nothing() {
     let db = TestDb::new().await;

@@ -252,7 +252,7 @@ CREATE TYPE {s}.qs_claimed_job AS (
 -- One function, and as few statements as the protocol allows: a claim's cost is mostly its
 -- statements' start-up over the partitioned tables (docs/queue-storage-design.md, "Where a
 -- claim's time goes"), so an idle pickup runs four (the queue's state, the lanes' probe, the
--- lane's lock, and one that picks, leases and moves the cursor) plus the lock on `leases`.
+-- lane's lock, and one that picks, leases and moves the cursor) after the lock on `leases`.
 --
 -- Its plans are generic (planned once per connection, whatever the parameters) and must not
 -- depend on the statistics at that moment: with scans other than plain index scans disabled,
@@ -281,7 +281,6 @@ DECLARE
     paused boolean;
     idle smallint[] := '{}';
     v_seq bigint;
-    leases_locked boolean := false;
     -- The lane being claimed: its row as locked, and what this claim reads under the lock.
     l_cursor bigint; l_stable bigint; l_cand bigint; l_xmax xid8;
     fresh boolean; confirmed boolean; lslot integer;
@@ -292,6 +291,16 @@ BEGIN
     IF p_n <= 0 THEN
         RETURN;
     END IF;
+    -- Lock order, everywhere: leases, then a queue slot's tables (reclaim_queue takes leases in
+    -- EXCLUSIVE mode before its slot; a claim must not hold a slot's lock while it waits for
+    -- leases). First, before any statement that reads the slots: a cached generic plan locks
+    -- every partition it names, pruned or not (PostgreSQL 15), so the statements below lock
+    -- every slot's tables. Taken after them, a reclaim that came between waited for this
+    -- claim's slot locks while this claim waited for its lock on leases, until the reclaim's
+    -- lock_timeout (100 ms) gave up: a pickup of 65 ms. The parent alone carries the order
+    -- (every statement on leases locks the parent first), so a claim does not lock every lease
+    -- slot, which would keep them from being truncated. (A table lock takes no xid.)
+    LOCK TABLE ONLY {s}.leases IN ROW EXCLUSIVE MODE;
     -- Whether the queue is paused (awa.queue_meta, shared with canonical: a paused queue hands
     -- out nothing); each lane's cursor, 0 for a lane without a row (never claimed: its entries
     -- can be in any slot), and the slots the queue's least advanced lane may need (the probes
@@ -386,15 +395,6 @@ BEGIN
         EXIT WHEN got >= p_n;
         -- The idle lanes come last: skipped when this claim took a job and the window is narrow.
         EXIT WHEN pr = ANY (idle) AND got > 0 AND hi1 - lo1 + 1 + greatest(hi2 - lo2 + 1, 0) <= 2;
-        -- Lock order, everywhere: leases, then a queue slot's tables (reclaim_queue takes
-        -- leases in EXCLUSIVE mode before its slot; a claim must not hold a slot's lock while
-        -- it waits). The parent alone carries that order (every statement on leases locks the
-        -- parent first), so a claim does not lock every lease slot, which would keep them from
-        -- being truncated.
-        IF NOT leases_locked THEN
-            LOCK TABLE ONLY {s}.leases IN ROW EXCLUSIVE MODE;
-            leases_locked := true;
-        END IF;
         -- The lane's row lock (the first one assigns this transaction's xid, after v_seq was
         -- read). The confirmation, the lease ring's current slot and the slots that can hold
         -- entries at or past the cursor must be read with a snapshot from after the lock was
