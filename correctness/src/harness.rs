@@ -111,6 +111,37 @@ where
     })
 }
 
+/// A seeded bug's shortest counterexample ([`shortest_counterexample`]): found, printed,
+/// ending in a state where `holds` is false, and of the length the twin records (`steps`,
+/// which its `.cfg` states for TLC).
+pub fn assert_shortest_counterexample<M>(
+    name: &str,
+    model: impl Fn() -> M,
+    invariant: &'static str,
+    holds: impl Fn(&M::State) -> bool,
+    steps: usize,
+) where
+    M: Model + Send + Sync + 'static,
+    M::State: Clone + Debug + Eq + Hash + Send + Sync + 'static,
+    M::Action: Clone + Debug + Eq + Send + Sync + 'static,
+{
+    let path = shortest_counterexample(model, invariant)
+        .unwrap_or_else(|| panic!("{name}: no counterexample within 64 steps"));
+    println!(
+        "{name} violates {invariant}; shortest counterexample:\n{}",
+        render(&path)
+    );
+    assert!(
+        !holds(&path.last_state()),
+        "{name}: {invariant} holds at the end"
+    );
+    assert_eq!(
+        path.into_actions().len(),
+        steps,
+        "{name}: the shortest counterexample changed length"
+    );
+}
+
 /// A path as a numbered list of its actions (TLA+ action instances).
 pub fn render<S: Clone, A: Clone + Debug>(path: &Path<S, A>) -> String {
     path.clone()

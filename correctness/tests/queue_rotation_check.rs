@@ -19,8 +19,8 @@
 use std::collections::BTreeSet;
 
 use awa_correctness::harness::{
-    assert_cfg_states, assert_tla_names, check_exhaustively, render, shortest_counterexample,
-    storage_file, Expect,
+    assert_cfg_states, assert_shortest_counterexample, assert_tla_names, check_exhaustively,
+    render, storage_file, Expect,
 };
 use awa_correctness::queue_rotation::{
     State, Variant, ACTIONS, DEADLOCK_FREE, INVARIANTS, POSITIVE_INVARIANTS, WITNESSES,
@@ -135,19 +135,12 @@ fn check_negative(variant: Variant) {
     }
     assert!(!holds(expected, outcome.discoveries[expected].last_state()));
 
-    let path = shortest_counterexample(|| AwaQueueRotation::new(variant), expected)
-        .unwrap_or_else(|| panic!("{}: no counterexample within 64 steps", variant.name()));
-    println!(
-        "{} violates {expected}; shortest counterexample:\n{}",
+    assert_shortest_counterexample(
         variant.name(),
-        render(&path)
-    );
-    assert!(!holds(expected, path.last_state()));
-    assert_eq!(
-        path.clone().into_actions().len(),
+        || AwaQueueRotation::new(variant),
+        expected,
+        |s| holds(expected, s),
         shortest_counterexample_len(variant),
-        "{}: the shortest counterexample changed length",
-        variant.name()
     );
 }
 
