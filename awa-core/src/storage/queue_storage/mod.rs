@@ -200,11 +200,7 @@ impl QueueStorage {
     }
 
     async fn installed_on(&self, conn: &mut PgConnection) -> Result<bool> {
-        let found: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
-            .bind(self.name("queue_ring_state"))
-            .fetch_one(&mut *conn)
-            .await?;
-        Ok(found.is_some())
+        Ok(self.version_on(conn).await?.is_some())
     }
 
     /// Install the substrate (tables, children of both rings, functions) in one transaction.
