@@ -132,7 +132,7 @@ pub fn assert_shortest_counterexample<M>(
         render(&path)
     );
     assert!(
-        !holds(&path.last_state()),
+        !holds(path.last_state()),
         "{name}: {invariant} holds at the end"
     );
     assert_eq!(
