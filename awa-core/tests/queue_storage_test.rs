@@ -202,6 +202,161 @@ async fn reclaim_carries_forward_unclaimed_and_running_entries() {
         .is_empty());
 }
 
+/// How many claimed entries (consumption markers) the substrate holds.
+async fn markers(db: &TestDb) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM awa_qs.claimed_entries")
+        .fetch_one(db.pool.pool())
+        .await
+        .unwrap()
+}
+
+/// A claim that moves its lane's cursor past what it takes writes no claimed entries for it:
+/// the cursor consumes them. Every reader of "available" (the view, cancel, the operator's
+/// requeue, the harness's claim, carry-forward) sees them as consumed: none is shown,
+/// cancelled, moved, claimed or carried forward as if it were waiting.
+#[tokio::test]
+async fn entries_below_the_cursor_are_consumed_without_a_claimed_entry() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 3, 2).await;
+    let (queue, priority) = LANE;
+    let ids = qs
+        .enqueue(db.pool.pool(), &jobs(queue, priority, 6, "m"))
+        .await
+        .unwrap();
+    // The first claim of the lane: no stable point yet, so its entry gets a claimed entry;
+    // it records the last seq drawn (every job above) as the lane's candidate stable point.
+    let first = qs.claim(&db.pool, queue, priority, 1).await.unwrap();
+    assert_eq!(first.iter().map(|c| c.id).collect::<Vec<_>>(), [ids[0]]);
+    assert_eq!(markers(&db).await, 1);
+    // Wait (a condition, not a time) until every transaction older than that claim's has
+    // ended, in any database of the cluster: then the next claim confirms the candidate.
+    let mut waited = 0;
+    while !sqlx::query_scalar::<_, bool>(
+        "SELECT cand_xmax <= pg_snapshot_xmin(pg_current_snapshot()) FROM awa_qs.lanes
+         WHERE queue = $1 AND priority = $2",
+    )
+    .bind(queue)
+    .bind(priority)
+    .fetch_one(db.pool.pool())
+    .await
+    .unwrap()
+    {
+        waited += 1;
+        assert!(
+            waited < 60_000,
+            "the xmin horizon never passed the candidate"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let taken = qs.claim(&db.pool, queue, priority, 3).await.unwrap();
+    assert_eq!(
+        taken.iter().map(|c| c.id).collect::<Vec<_>>(),
+        ids[1..4],
+        "the next three, in order"
+    );
+    assert_eq!(
+        markers(&db).await,
+        1,
+        "the cursor consumed them: no claimed entry"
+    );
+    let lane = qs.lanes(&db.pool).await.unwrap().remove(0);
+    let seq_of = |id: i64| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT seq FROM awa_qs.ready_entries WHERE id = $1")
+                .bind(id)
+                .fetch_one(pool.pool())
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(lane.cursor, seq_of(ids[3]).await + 1);
+
+    // ids[1] completes; ids[2], ids[3] run; ids[4], ids[5] wait.
+    qs.complete(&db.pool, &[taken[0].id], &[taken[0].run_lease])
+        .await
+        .unwrap();
+    let states = |db: &TestDb| {
+        let qs = qs.clone();
+        let pool = db.pool.clone();
+        async move {
+            qs.jobs(&pool)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|j| (j.id, j.state.as_str().to_string()))
+                .collect::<Vec<_>>()
+        }
+    };
+    let expected = |moved: &str| {
+        vec![
+            (ids[0], "running".to_string()),
+            (ids[1], "completed".to_string()),
+            (ids[2], "running".to_string()),
+            (ids[3], "running".to_string()),
+            (ids[4], moved.to_string()),
+            (ids[5], "available".to_string()),
+        ]
+    };
+    assert_eq!(states(&db).await, expected("available"), "one row per job");
+    // A completed job consumed by the cursor is not cancelled as if it were waiting.
+    assert_eq!(qs.cancel(&db.pool, ids[1]).await.unwrap(), None);
+    // Nor requeued: only the waiting job moves.
+    let moved: Vec<(i64, String, String)> =
+        sqlx::query_as("SELECT * FROM awa_qs.qs_requeue($1, 'q2', NULL)")
+            .bind([ids[1], ids[4]].as_slice())
+            .fetch_all(db.pool.pool())
+            .await
+            .unwrap();
+    assert_eq!(moved, [(ids[4], "q2".to_string(), "available".to_string())]);
+    // Nor claimed by the harness's claim, which takes the oldest waiting job.
+    let harness = qs
+        .claim_kind(&db.pool, queue, "k", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(harness.iter().map(|c| c.id).collect::<Vec<_>>(), [ids[5]]);
+    assert_eq!(states(&db).await[5], (ids[5], "running".to_string()));
+
+    // Reclaim slot 0: the four running attempts' entries are carried forward (consumed, their
+    // leases moved) and the requeued job's waiting entry; not the completed one.
+    let mut carried = None;
+    for _ in 0..3 {
+        let r = qs.rotate(&db.pool, Duration::ZERO).await.unwrap();
+        if r.carried.unwrap_or(0) > 0 {
+            carried = r.carried;
+        }
+    }
+    assert_eq!(carried, Some(5));
+    assert!(
+        qs.claim_queue(&db.pool, queue, 10, None)
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing of the lane is claimable again"
+    );
+    let again = qs.claim_queue(&db.pool, "q2", 10, None).await.unwrap();
+    assert_eq!(again.iter().map(|c| c.id).collect::<Vec<_>>(), [ids[4]]);
+    // Every running attempt completes through its moved lease; each job shows once.
+    let running: Vec<(i64, i64)> = [&first[0], &taken[1], &taken[2], &harness[0], &again[0]]
+        .iter()
+        .map(|c| (c.id, c.run_lease))
+        .collect();
+    let (run_ids, leases): (Vec<i64>, Vec<i64>) = running.into_iter().unzip();
+    let mut done = qs.complete(&db.pool, &run_ids, &leases).await.unwrap();
+    done.sort();
+    let mut want = run_ids.clone();
+    want.sort();
+    assert_eq!(done, want);
+    // (The job completed before the reclaim left with its slot's history.)
+    assert_eq!(
+        states(&db).await,
+        ids.iter()
+            .filter(|id| **id != ids[1])
+            .map(|id| (*id, "completed".to_string()))
+            .collect::<Vec<_>>()
+    );
+}
+
 #[tokio::test]
 async fn reclaim_waits_for_the_retention_of_completed_history() {
     let db = TestDb::new().await;
@@ -2052,8 +2207,25 @@ async fn a_current_or_newer_substrate_is_left_alone() {
         .await
         .expect("newer");
     mark("newer").await;
+    // A newer library's operator functions (admin.sql) are kept too: they read what its
+    // functions write.
+    sqlx::query(
+        "CREATE OR REPLACE FUNCTION awa_qs.qs_retry(p_id bigint) RETURNS text
+         LANGUAGE sql AS $$ SELECT 'newer' $$",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("newer retry");
     qs.install(&db.pool).await.expect("install");
     assert!(!qs.upgrade(&db.pool).await.expect("upgrade"));
+    let retry: String = sqlx::query_scalar("SELECT awa_qs.qs_retry(0)")
+        .fetch_one(db.pool.pool())
+        .await
+        .expect("retry");
+    assert_eq!(
+        retry, "newer",
+        "an older install leaves a newer admin.sql alone"
+    );
     assert_eq!(
         overloads(&db, "qs_last_seq").await[0].1.as_deref(),
         Some("newer"),

@@ -118,6 +118,16 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// The drain queue's settings; probe knob `AWA_BENCH_CLAIMERS` sets its claim statements in
+/// flight (default: `QueueConfig`'s).
+fn queue_config(o: &Opts) -> QueueConfig {
+    let qc = QueueConfig::new(o.workers);
+    match std::env::var("AWA_BENCH_CLAIMERS").ok().and_then(|v| v.parse().ok()) {
+        Some(n) => qc.claimers(n),
+        None => qc,
+    }
+}
+
 /// The drain's settings; probe knobs (not used by bench/engines.py):
 /// `AWA_BENCH_LEASE_ROTATE_MS` and `AWA_BENCH_QUEUE_ROTATE_MS` override queue storage's
 /// rotation intervals (and `AWA_BENCH_QUEUE_SLOTS` / `AWA_BENCH_LEASE_SLOTS` its slot counts,
@@ -157,7 +167,7 @@ pub(crate) async fn engine_drain(o: &Opts) -> Result<Value, AnyError> {
     let client = Client::builder(pool.clone())
         .database_url(o.url.clone())
         .config(runtime_config(o))
-        .queue(QUEUE, QueueConfig::new(o.workers))
+        .queue(QUEUE, queue_config(o))
         .register::<EngineNoop, _, _>(move |_args, _ctx| {
             if let Ok(mut at) = s.lock() {
                 *at = Some(Instant::now());

@@ -141,7 +141,9 @@ BEGIN
                                 AND x.seq = y.seq));
         INSERT INTO {s}.lanes (queue, priority) VALUES (p_queue, pr) ON CONFLICT DO NOTHING;
         PERFORM 1 FROM {s}.lanes l WHERE l.queue = p_queue AND l.priority = pr FOR UPDATE;
-        -- Looked up again under the lane's lock: a claim may have taken it meanwhile.
+        -- Looked up again under the lane's lock: a claim may have taken it meanwhile (and
+        -- moved the cursor past it without a claimed entry).
+        c := {s}.qs_lane_cursor(p_queue, pr);
         SELECT y.* INTO e FROM {s}.ready_entries y
         WHERE y.queue = p_queue AND y.priority = pr AND y.seq >= c AND y.kind = p_kind
           AND NOT EXISTS (SELECT 1 FROM {s}.claimed_entries x
@@ -270,14 +272,17 @@ BEGIN
           AND NOT EXISTS (SELECT 1 FROM {s}.claimed_entries c
                           WHERE c.slot = y.slot AND c.queue = y.queue
                             AND c.priority = y.priority AND c.seq = y.seq)
+          AND y.seq >= {s}.qs_lane_cursor(y.queue, y.priority)
         ORDER BY y.queue, y.priority, y.seq
     LOOP
         INSERT INTO {s}.lanes (queue, priority) VALUES (e.queue, e.priority) ON CONFLICT DO NOTHING;
         PERFORM 1 FROM {s}.lanes l WHERE l.queue = e.queue AND l.priority = e.priority FOR UPDATE;
-        -- Under the lane's lock: a claim may have taken it meanwhile.
+        -- Under the lane's lock: a claim may have taken it meanwhile (a claimed entry, or the
+        -- cursor moved past it).
         CONTINUE WHEN EXISTS (SELECT 1 FROM {s}.claimed_entries c
                               WHERE c.slot = e.slot AND c.queue = e.queue
-                                AND c.priority = e.priority AND c.seq = e.seq);
+                                AND c.priority = e.priority AND c.seq = e.seq)
+                   OR e.seq < {s}.qs_lane_cursor(e.queue, e.priority);
         INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
         VALUES (e.slot, e.queue, e.priority, e.seq);
         INSERT INTO {s}.ready_entries (slot, generation, queue, priority, id, kind, args,

@@ -163,59 +163,8 @@ CREATE TABLE {s}.unique_keys (
 );
 
 
--- Every job the substrate holds, one row each, in canonical's states: what `awa.jobs` will show
--- of this engine. One statement, so one snapshot: every state change above moves a job between
--- these parts in one statement (claim, complete, finalize, rescue, promote, carry-forward), so
--- the view never shows a job twice or loses one that has not aged out of the history.
--- `attempt` and `run_lease` are those of the job's latest attempt. The columns are
--- `JOB_COLUMNS`' (model::job), so a `JobRow` reads from it as from `awa.jobs`.
-CREATE VIEW {s}.qs_jobs AS
-    SELECT e.id, e.kind, e.queue, e.args, 'available'::text AS state, e.priority, e.attempt,
-           e.max_attempts, e.run_at, NULL::timestamptz AS heartbeat_at,
-           NULL::timestamptz AS deadline_at, NULL::timestamptz AS attempted_at,
-           NULL::timestamptz AS finalized_at, e.created_at, e.errors, e.metadata, e.tags,
-           e.unique_key, e.unique_states, NULL::text AS callback_id,
-           NULL::timestamptz AS callback_timeout_at, e.run_lease, e.progress,
-           e.ordering_key
-    FROM {s}.ready_entries e
-    WHERE NOT EXISTS (SELECT 1 FROM {s}.claimed_entries c
-                      WHERE c.slot = e.slot AND c.queue = e.queue AND c.priority = e.priority
-                        AND c.seq = e.seq)
-    UNION ALL
-    SELECT e.id, e.kind, e.queue, e.args,
-           CASE WHEN l.waiting THEN 'waiting_external' ELSE 'running' END,
-           e.priority, l.attempt, e.max_attempts, e.run_at, l.heartbeat_at, l.deadline_at,
-           l.attempted_at, NULL, e.created_at, e.errors,
-           -- A payload delivered to a handler waiting in-process shows as canonical shows it.
-           CASE WHEN l.callback_result IS NULL THEN e.metadata
-                ELSE e.metadata || jsonb_build_object('_awa_callback_result',
-                                                      l.callback_result->'payload') END,
-           e.tags, e.unique_key,
-           e.unique_states, l.callback_id::text, l.callback_timeout_at, l.run_lease, l.progress,
-           e.ordering_key
-    FROM {s}.leases l
-    JOIN {s}.ready_entries e
-      ON e.slot = l.slot AND e.queue = l.queue AND e.priority = l.priority AND e.seq = l.seq
-    UNION ALL
-    SELECT e.id, e.kind, e.queue, e.args, 'completed', e.priority, e.attempt + 1,
-           e.max_attempts, e.run_at, NULL, NULL, NULL, r.finalized_at, e.created_at, e.errors,
-           e.metadata, e.tags, e.unique_key, e.unique_states, NULL, NULL, e.run_lease + 1, NULL,
-           e.ordering_key
-    FROM {s}.receipts r
-    CROSS JOIN LATERAL unnest(r.seqs) AS u(seq)
-    JOIN {s}.ready_entries e ON e.slot = r.slot AND e.seq = u.seq
-    UNION ALL
-    SELECT e.id, e.kind, e.queue, e.args, d.state, e.priority, e.attempt + d.ran::int,
-           e.max_attempts, e.run_at, NULL, NULL, NULL, d.finalized_at, e.created_at, d.errors,
-           e.metadata, e.tags, e.unique_key, e.unique_states, NULL, NULL,
-           e.run_lease + d.ran::int, d.progress, e.ordering_key
-    FROM {s}.done_entries d
-    JOIN {s}.ready_entries e ON e.slot = d.slot AND e.seq = d.seq
-    UNION ALL
-    SELECT d.id, d.kind, d.queue, d.args, d.state, d.priority, d.attempt, d.max_attempts,
-           d.run_at, NULL, NULL, NULL, NULL, d.created_at, d.errors, d.metadata, d.tags,
-           d.unique_key, d.unique_states, NULL, NULL, d.run_lease, d.progress, d.ordering_key
-    FROM {s}.deferred_jobs d;
+-- The `qs_jobs` view (every job the substrate holds) is created by `functions.sql`, which an
+-- upgrade runs again: it changes with the functions that write what it reads.
 
 -- Indexes (on the parents: every child gets its own).
 CREATE INDEX ON {s}.ready_entries (queue, priority, seq);

@@ -31,7 +31,7 @@ const FUNCTIONS_SQL: &str = include_str!("functions.sql");
 /// substrate installed before the table existed is version 1) replaces every function, so a
 /// fix there reaches databases installed before it without `reset=True`. One that finds a
 /// newer version (a newer library's) leaves it alone.
-pub const SUBSTRATE_VERSION: i32 = 3;
+pub const SUBSTRATE_VERSION: i32 = 4;
 /// Operator actions and the test harness's claim, and external callbacks' resolution:
 /// replaced at every install call (so a substrate installed before one of them existed gets
 /// it).
@@ -225,8 +225,12 @@ impl QueueStorage {
             // for every lifetime, which a spawned caller needs).
             sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
             self.write_functions(conn, false).await?;
-        } else if !self.upgrade_in(conn).await? {
-            // Current functions: the scripts replaced at every install still run.
+        } else if !self.upgrade_in(conn).await?
+            && self.version_on(conn).await? <= Some(SUBSTRATE_VERSION)
+        {
+            // Current functions: the scripts replaced at every install still run. Not over a
+            // newer library's: they read what its functions write (since version 4, that an
+            // entry below its lane's cursor is consumed), which an older script would not.
             self.write_replaced(conn).await?;
         }
         Ok(())
