@@ -40,6 +40,9 @@ pub const ONE_PLACE_PER_JOB: &str = "OnePlacePerJob";
 /// `SealHolds`: the current slot is open and every entry of a sealed slot is
 /// below its seal. Checked in the positive configuration only (see the `.tla`).
 pub const SEAL_HOLDS: &str = "SealHolds";
+/// `AvailIsUnconsumed`: what the implementation reads as available (unmarked, at
+/// or above the cursor) is exactly what is unconsumed. Positive configuration only.
+pub const AVAIL_IS_UNCONSUMED: &str = "AvailIsUnconsumed";
 
 /// The five invariants every configuration checks, in the order the `.cfg`
 /// files list them. Each seeded bug violates exactly one of them.
@@ -52,7 +55,7 @@ pub const INVARIANTS: [&str; 5] = [
 ];
 
 /// Invariants only the positive configuration checks.
-pub const POSITIVE_INVARIANTS: [&str; 2] = [ONE_PLACE_PER_JOB, SEAL_HOLDS];
+pub const POSITIVE_INVARIANTS: [&str; 3] = [ONE_PLACE_PER_JOB, SEAL_HOLDS, AVAIL_IS_UNCONSUMED];
 
 /// TLC's deadlock check: every reachable state is `Quiescent` or has a
 /// successor. Twin-only name; TLC checks it by default.
@@ -60,7 +63,7 @@ pub const DEADLOCK_FREE: &str = "DeadlockFree";
 
 /// Reachability witnesses: the correct protocol must reach each, so the
 /// invariants do not pass vacuously. Same names as the TLA+ definitions.
-pub const WITNESSES: [&str; 7] = [
+pub const WITNESSES: [&str; 8] = [
     "WitnessRingWrapped",
     "WitnessCarryUnconsumed",
     "WitnessCarryRunning",
@@ -68,6 +71,7 @@ pub const WITNESSES: [&str; 7] = [
     "WitnessZombieRejected",
     "WitnessLeaseSlotReclaimed",
     "WitnessClaimPruned",
+    "WitnessMarkDropped",
 ];
 
 /// The TLA+ action names, in the order `Next` lists them.
@@ -166,6 +170,17 @@ impl Variant {
             Variant::CursorSkipsPending => Some(CURSOR_NEVER_PASSES_WORK),
             Variant::CompleteWithoutLeaseGuard => Some(ONLY_OPEN_LEASE_COMPLETES),
             Variant::SealWithoutRingLock => Some(CURSOR_NEVER_PASSES_WORK),
+        }
+    }
+
+    /// Invariants this variant also violates later, as a consequence of its named one
+    /// (whose counterexample is the shortest, so TLC stops on it). A cursor that passed
+    /// an entry consumes it (no mark is kept below the cursor), so the next reclaim of
+    /// its slot does not carry it forward: the job is lost.
+    pub const fn consequences(self) -> &'static [&'static str] {
+        match self {
+            Variant::CursorSkipsPending | Variant::SealWithoutRingLock => &[NOTHING_LOST],
+            _ => &[],
         }
     }
 
@@ -314,6 +329,7 @@ pub enum Event {
     ZombieRejected,
     LeaseReclaimed,
     PrunedClaim,
+    MarkDropped,
 }
 
 /// The TLA+ variables. `qgen` and `seal` have room for [`MAX_QUEUE_SLOTS`]
@@ -331,6 +347,8 @@ pub struct State {
     pub pending: Set<Entry>,
     pub entries: Set<Entry>,
     pub consumed: Set<u8>,
+    /// `marked`: the consumed seqs the implementation marks (none below the cursor).
+    pub marked: Set<u8>,
     pub leases: Set<Lease>,
     pub receipts: Set<Receipt>,
     pub deferred: Set<JobLease>,
@@ -354,6 +372,11 @@ impl State {
     /// `Unconsumed(e)`.
     fn unconsumed(&self, e: &Entry) -> bool {
         !self.consumed.contains(&e.seq)
+    }
+
+    /// `Avail(e)`: what the implementation reads as available.
+    fn avail(&self, e: &Entry) -> bool {
+        !self.marked.contains(&e.seq) && e.seq >= self.cursor
     }
 
     /// `Eligible(s)`: a claim opens slot `s`.
@@ -403,7 +426,8 @@ impl State {
         self.done.insert(l.job);
     }
 
-    /// `Truncate(s, ents, cons)` applied to `self.entries` and `self.consumed`.
+    /// `Truncate(s, ents, cons, mks)` applied to `self.entries`, `self.consumed`
+    /// and `self.marked`.
     fn truncate(&mut self, s: u8) {
         self.entries = self
             .entries
@@ -414,6 +438,12 @@ impl State {
         let kept: Set<u8> = self.entries.iter().map(|e| e.seq).collect();
         self.consumed = self
             .consumed
+            .iter()
+            .copied()
+            .filter(|c| kept.contains(c))
+            .collect();
+        self.marked = self
+            .marked
             .iter()
             .copied()
             .filter(|c| kept.contains(c))
@@ -475,6 +505,13 @@ impl State {
                 + usize::from(self.done.contains(&j))
                 == 1
         })
+    }
+
+    /// `AvailIsUnconsumed` (positive configuration only).
+    pub fn avail_is_unconsumed(&self) -> bool {
+        self.entries
+            .iter()
+            .all(|e| self.avail(e) == self.unconsumed(e))
     }
 
     /// `SealHolds` (positive configuration only).
@@ -655,7 +692,7 @@ impl AwaQueueRotation {
         let entries = s
             .entries
             .iter()
-            .filter(|e| s.unconsumed(e) && s.eligible(e.slot))
+            .filter(|e| s.avail(e) && s.eligible(e.slot))
             .map(|e| e.seq);
         let pending = s
             .pending
@@ -678,7 +715,7 @@ impl AwaQueueRotation {
             .iter()
             .filter(|e| e.slot == s)
             .filter(|e| {
-                if st.unconsumed(e) {
+                if st.avail(e) {
                     self.variant != Variant::ReclaimWithoutCarryForward
                 } else {
                     self.variant != Variant::ReclaimUnderOpenLease
@@ -764,10 +801,11 @@ impl AwaQueueRotation {
         let e = *s
             .entries
             .iter()
-            .filter(|e| s.unconsumed(e) && e.seq >= s.cursor && s.eligible(e.slot))
+            .filter(|e| s.avail(e) && s.eligible(e.slot))
             .min_by_key(|e| e.seq)?;
         let mut n = s.clone();
         n.consumed.insert(e.seq);
+        n.marked.insert(e.seq);
         n.leases.insert(Lease {
             job: e.job,
             k: e.k,
@@ -797,6 +835,10 @@ impl AwaQueueRotation {
         }
         let mut n = s.clone();
         n.cursor = stable;
+        if s.marked.iter().any(|&m| m < stable) {
+            n.events.insert(Event::MarkDropped);
+        }
+        n.marked = s.marked.iter().copied().filter(|&m| m >= stable).collect();
         Some(n)
     }
 
@@ -918,21 +960,25 @@ impl AwaQueueRotation {
                 seq,
                 ..*e
             });
-            if st.unconsumed(e) {
+            // CarryEvents(C), and the copy's mark (mks) and consumption (cons).
+            if st.avail(e) {
                 n.events.insert(Event::CarryUnconsumed);
             } else {
                 n.events.insert(Event::CarryRunning);
+                n.marked.insert(seq);
+            }
+            if !st.unconsumed(e) {
                 n.consumed.insert(seq);
-                // MovedLeases: the running job's lease now refers to the copy.
-                for l in st.leases.iter().filter(|l| refers_to(l, e)) {
-                    n.leases.remove(l);
-                    n.leases.insert(Lease {
-                        slot: st.qcur,
-                        gen,
-                        seq,
-                        ..*l
-                    });
-                }
+            }
+            // MovedLeases: a running job's lease now refers to the copy.
+            for l in st.leases.iter().filter(|l| refers_to(l, e)) {
+                n.leases.remove(l);
+                n.leases.insert(Lease {
+                    slot: st.qcur,
+                    gen,
+                    seq,
+                    ..*l
+                });
             }
         }
         n.next_seq += carried.len() as u8;
@@ -994,6 +1040,7 @@ impl Model for AwaQueueRotation {
             pending: Set::new(),
             entries: Set::new(),
             consumed: Set::new(),
+            marked: Set::new(),
             leases: Set::new(),
             receipts: Set::new(),
             deferred: Set::new(),
@@ -1080,6 +1127,7 @@ impl Model for AwaQueueRotation {
             }),
             Property::always(ONE_PLACE_PER_JOB, |_, s: &State| s.one_place_per_job()),
             Property::always(SEAL_HOLDS, |_, s: &State| s.seal_holds()),
+            Property::always(AVAIL_IS_UNCONSUMED, |_, s: &State| s.avail_is_unconsumed()),
             Property::always(DEADLOCK_FREE, |m: &Self, s: &State| {
                 m.quiescent(s) || m.can_step(s)
             }),
@@ -1096,6 +1144,7 @@ impl Model for AwaQueueRotation {
                 s.happened(Event::LeaseReclaimed)
             }),
             Property::sometimes(WITNESSES[6], |_, s: &State| s.happened(Event::PrunedClaim)),
+            Property::sometimes(WITNESSES[7], |_, s: &State| s.happened(Event::MarkDropped)),
         ]
     }
 }

@@ -5,9 +5,14 @@
 (* Ready entries live in a ring of QueueSlots partitions. qcur is the slot new        *)
 (* entries go to and qgen[s] is slot s's generation. Entries are append-only records  *)
 (* [job, slot, gen, seq, k]: k is the run lease the next claim will use. An entry is  *)
-(* never modified; that it was consumed is recorded in the separate set consumed (the *)
-(* claim's marker), keyed by the entry's seq (seqs are never reused). Open leases     *)
-(* live in a ring of LeaseSlots partitions with lcur the slot new leases go to.        *)
+(* never modified; that it was consumed is recorded in the separate set consumed,    *)
+(* keyed by the entry's seq (seqs are never reused). The implementation records it    *)
+(* with the cursor and the set marked (the claimed_entries rows): an entry is         *)
+(* available to every reader (Avail) when it is unmarked and at or above the cursor,  *)
+(* so no mark is kept below the cursor (AdvanceCursor drops them; the claim writes    *)
+(* none there). Claims and reclaims read Avail; AvailIsUnconsumed checks that it      *)
+(* always agrees with consumed. Open leases live in a ring of LeaseSlots partitions   *)
+(* with lcur the slot new leases go to.                                                *)
 (*                                                                                     *)
 (*   - A producer takes the ring's lock in shared mode and reads the current slot     *)
 (*     (ReadSlot: it holds qcur, no seq yet), then draws seq = nextSeq and appends    *)
@@ -18,11 +23,11 @@
 (*     by no claim). A claim opens only the eligible slots: Open, or sealed above     *)
 (*     the cursor. The seal is final because the rotation takes the ring's lock       *)
 (*     exclusively: no producer that read the closing slot is still running.          *)
-(*   - The lane's cursor is a seq: Claim takes the lowest-seq committed, unconsumed   *)
-(*     entry at or above it in an eligible slot and opens a lease that references     *)
+(*   - The lane's cursor is a seq: Claim takes the lowest-seq committed, available    *)
+(*     entry in an eligible slot, marks it and opens a lease that references          *)
 (*     the entry (slot, gen, seq). AdvanceCursor moves the cursor to the stable       *)
 (*     point of what a claim sees: never past a pending append, never past an         *)
-(*     unconsumed committed entry of an eligible slot. (The implementation derives    *)
+(*     available committed entry of an eligible slot. (The implementation derives     *)
 (*     the stable point from xids; the model uses pending. AwaStablePoint.tla models  *)
 (*     that derivation.)                                                              *)
 (*   - Complete deletes the open lease and writes a narrow receipt into the slot of   *)
@@ -34,7 +39,7 @@
 (*     RotateQueue also waits for the ring's lock (no slot reader, no pending         *)
 (*     append) and seals the slot it leaves.                                          *)
 (*   - ReclaimQueue(s) is one transaction holding TRUNCATE's ACCESS EXCLUSIVE lock:   *)
-(*     it waits for producers appending into s, carries the unconsumed entries and    *)
+(*     it waits for producers appending into s, carries the available entries and     *)
 (*     the entries of running jobs (moving their lease's entry reference) forward to  *)
 (*     qcur under new seqs, drops the rest (resolved entries, receipts: history is    *)
 (*     pruned), empties s, seals it at 0 and bumps qgen[s]. Its carry-forward holds   *)
@@ -98,7 +103,7 @@ Seqs    == 0..MaxSeq - 1
 Leases  == 1..MaxAttempts
 Seals   == (0..MaxSeq) \cup {Open}
 Events  == {"carryUnconsumed", "carryRunning", "lateClaim", "zombieRejected", "leaseReclaimed",
-            "prunedClaim"}
+            "prunedClaim", "markDropped"}
 
 VARIABLES
     qcur,      \* the queue slot new entries go to
@@ -112,6 +117,7 @@ VARIABLES
     pending,   \* begun, uncommitted appends: [job, slot, gen, seq, k]
     entries,   \* committed ready entries: [job, slot, gen, seq, k]; never modified
     consumed,  \* seqs of the entries a claim has consumed
+    marked,    \* the consumed seqs the implementation marks: none below the cursor
     leases,    \* open leases: [job, k, lslot, slot, gen, seq] (the last three: entry ref)
     receipts,  \* terminal receipts in the queue slot of their entry: [job, k, slot, outcome]
     deferred,  \* the plain deferred table: [job, k]
@@ -125,8 +131,8 @@ VARIABLES
     events     \* ghost: which witnessed events have happened (Events)
 
 vars == <<qcur, qgen, seal, lcur, ldirty, nextSeq, cursor, readers, pending, entries,
-          consumed, leases, receipts, deferred, zombies, moving, inserted, done, claimed, dupClaim,
-          staleCompletion, events>>
+          consumed, marked, leases, receipts, deferred, zombies, moving, inserted, done, claimed,
+          dupClaim, staleCompletion, events>>
 
 EntryRec   == [job : Jobs, slot : QSlots, gen : Nat, seq : Seqs, k : Leases]
 LeaseRec   == [job : Jobs, k : Leases, lslot : LSlots, slot : QSlots, gen : Nat, seq : Seqs]
@@ -146,6 +152,7 @@ TypeOK ==
     /\ pending \subseteq EntryRec
     /\ entries \subseteq EntryRec
     /\ consumed \subseteq Seqs
+    /\ marked \subseteq Seqs
     /\ leases \subseteq LeaseRec
     /\ receipts \subseteq ReceiptRec
     /\ deferred \subseteq JobLease
@@ -164,6 +171,9 @@ TypeOK ==
 Min(S) == CHOOSE x \in S : \A y \in S : x <= y
 
 Unconsumed(e) == e.seq \notin consumed
+
+\* What the implementation reads as available: not marked, and at or above the cursor.
+Avail(e) == e.seq \notin marked /\ e.seq >= cursor
 
 \* The lease whose entry reference is e (a running job's entry).
 RefersTo(l, e) == l.slot = e.slot /\ l.gen = e.gen /\ l.seq = e.seq
@@ -184,22 +194,22 @@ Eligible(s) == seal[s] = Open \/ seal[s] > cursor
 RingLockFree == readers = {} /\ pending = {}
 
 \* The stable point: the cursor may advance up to it. Never past a pending append
-\* (CursorSkipsPending: ignores them) nor past an unconsumed committed entry that a
+\* (CursorSkipsPending: ignores them) nor past an available committed entry that a
 \* claim sees: the entries of slots a claim does not open are not looked at.
 StablePoint ==
     Min({nextSeq}
-        \cup {e.seq : e \in {x \in entries : Unconsumed(x) /\ Eligible(x.slot)}}
+        \cup {e.seq : e \in {x \in entries : Avail(x) /\ Eligible(x.slot)}}
         \cup (IF Variant = "CursorSkipsPending" THEN {} ELSE {p.seq : p \in pending}))
 
-\* The entries of slot s that a reclaim carries forward: the unconsumed ones
-\* (ReclaimWithoutCarryForward: none) and the consumed ones whose lease is still
-\* open (ReclaimUnderOpenLease: none).
+\* The entries of slot s that a reclaim carries forward: the available ones
+\* (ReclaimWithoutCarryForward: none) and the others whose lease is still open
+\* (ReclaimUnderOpenLease: none).
 CarryUnconsumed(s) ==
     IF Variant = "ReclaimWithoutCarryForward" THEN {}
-    ELSE {e \in entries : e.slot = s /\ Unconsumed(e)}
+    ELSE {e \in entries : e.slot = s /\ Avail(e)}
 CarryRunning(s) ==
     IF Variant = "ReclaimUnderOpenLease" THEN {}
-    ELSE {e \in entries : e.slot = s /\ ~Unconsumed(e) /\ \E l \in leases : RefersTo(l, e)}
+    ELSE {e \in entries : e.slot = s /\ ~Avail(e) /\ \E l \in leases : RefersTo(l, e)}
 
 \* The new seq of carried entry e among carried entries C: in seq order from nextSeq.
 NewSeq(e, C) == nextSeq + Cardinality({x \in C : x.seq < e.seq})
@@ -215,16 +225,17 @@ MovedLeases(C) ==
 \* The events a carry of C records.
 CarryEvents(C) ==
     events
-    \cup (IF \E e \in C : Unconsumed(e) THEN {"carryUnconsumed"} ELSE {})
-    \cup (IF \E e \in C : ~Unconsumed(e) THEN {"carryRunning"} ELSE {})
+    \cup (IF \E e \in C : Avail(e) THEN {"carryUnconsumed"} ELSE {})
+    \cup (IF \E e \in C : ~Avail(e) THEN {"carryRunning"} ELSE {})
 
-\* TRUNCATE of slot s, given the entries ents and consumed markers cons: the slot's
-\* entries (with their markers) and receipts are gone, its generation moves on and
-\* its seal is 0 (empty: no claim opens it).
-Truncate(s, ents, cons) ==
+\* TRUNCATE of slot s, given the entries ents, consumed seqs cons and marks mks: the
+\* slot's entries (with their marks) and receipts are gone, its generation moves on
+\* and its seal is 0 (empty: no claim opens it).
+Truncate(s, ents, cons, mks) ==
     LET kept == {e \in ents : e.slot # s} IN
     /\ entries' = kept
     /\ consumed' = {c \in cons : \E e \in kept : e.seq = c}
+    /\ marked' = {c \in mks : \E e \in kept : e.seq = c}
     /\ receipts' = {r \in receipts : r.slot # s}
     /\ qgen' = [qgen EXCEPT ![s] = @ + 1]
     /\ seal' = [seal EXCEPT ![s] = 0]
@@ -256,7 +267,7 @@ ReadSlot(j) ==
     /\ nextSeq < MaxSeq
     /\ readers' = readers \cup {[job |-> j, slot |-> qcur, gen |-> qgen[qcur]]}
     /\ UNCHANGED <<qcur, qgen, seal, lcur, ldirty, nextSeq, cursor, pending, entries,
-                   consumed, leases, receipts, deferred, zombies, moving, inserted, done,
+                   consumed, marked, leases, receipts, deferred, zombies, moving, inserted, done,
                    claimed, dupClaim, staleCompletion, events>>
 
 \* The producer that read slot r.slot draws a seq and writes into that slot,
@@ -269,7 +280,7 @@ BeginAppend(r) ==
     /\ pending' = pending \cup {[job |-> r.job, slot |-> r.slot, gen |-> r.gen,
                                  seq |-> nextSeq, k |-> 1]}
     /\ nextSeq' = nextSeq + 1
-    /\ UNCHANGED <<qcur, qgen, seal, lcur, ldirty, cursor, entries, consumed, leases,
+    /\ UNCHANGED <<qcur, qgen, seal, lcur, ldirty, cursor, entries, consumed, marked, leases,
                    receipts, deferred, zombies, moving, inserted, done, claimed, dupClaim,
                    staleCompletion, events>>
 
@@ -282,7 +293,7 @@ CommitAppend(p) ==
     /\ pending' = pending \ {p}
     /\ entries' = entries \cup {p}
     /\ inserted' = inserted \cup {p.job}
-    /\ UNCHANGED <<qcur, qgen, seal, lcur, ldirty, nextSeq, cursor, readers, consumed,
+    /\ UNCHANGED <<qcur, qgen, seal, lcur, ldirty, nextSeq, cursor, readers, consumed, marked,
                    leases, receipts, deferred, zombies, moving, done, claimed, dupClaim,
                    staleCompletion, events>>
 
@@ -291,20 +302,21 @@ AbortAppend(p) ==
     /\ p \in pending
     /\ pending' = pending \ {p}
     /\ UNCHANGED <<qcur, qgen, seal, lcur, ldirty, nextSeq, cursor, readers, entries,
-                   consumed, leases, receipts, deferred, zombies, moving, inserted, done,
+                   consumed, marked, leases, receipts, deferred, zombies, moving, inserted, done,
                    claimed, dupClaim, staleCompletion, events>>
 
-\* The lane claims its lowest-seq committed, unconsumed entry at or above the cursor
+\* The lane claims its lowest-seq committed, available entry (at or above the cursor)
 \* in the slots it opens (Eligible): the entry is marked consumed and a lease opened
 \* in the current lease slot. "prunedClaim": a slot holding entries was not opened.
 Claim ==
-    LET ready == {e \in entries : Unconsumed(e) /\ e.seq >= cursor /\ Eligible(e.slot)}
+    LET ready == {e \in entries : Avail(e) /\ Eligible(e.slot)}
         e     == CHOOSE x \in ready : \A y \in ready : x.seq <= y.seq
         late  == IF \E c \in consumed : c > e.seq THEN {"lateClaim"} ELSE {}
         pruned == IF \E s \in QSlots : ~Eligible(s) /\ \E x \in entries : x.slot = s
                      THEN {"prunedClaim"} ELSE {}
     IN  /\ ready # {}
         /\ consumed' = consumed \cup {e.seq}
+        /\ marked' = marked \cup {e.seq}
         /\ leases' = leases \cup {[job |-> e.job, k |-> e.k, lslot |-> lcur,
                                    slot |-> e.slot, gen |-> e.gen, seq |-> e.seq]}
         /\ ldirty' = ldirty \cup {lcur}
@@ -314,20 +326,26 @@ Claim ==
         /\ UNCHANGED <<qcur, qgen, seal, lcur, nextSeq, cursor, readers, pending, entries,
                        receipts, deferred, zombies, moving, inserted, done, staleCompletion>>
 
-\* The cursor moves forward to the stable point.
+\* The cursor moves forward to the stable point, and the marks below it go: the cursor
+\* consumes what lies below it. (The implementation's claim writes no mark for what it
+\* takes below the cursor it leaves, and keeps the marks written earlier, which no
+\* reader asks about; dropping them all is the stronger case.)
 AdvanceCursor ==
     /\ StablePoint > cursor
     /\ cursor' = StablePoint
+    /\ marked' = {m \in marked : m >= StablePoint}
+    /\ events' = IF \E m \in marked : m < StablePoint THEN events \cup {"markDropped"}
+                 ELSE events
     /\ UNCHANGED <<qcur, qgen, seal, lcur, ldirty, nextSeq, readers, pending, entries,
                    consumed, leases, receipts, deferred, zombies, moving, inserted, done,
-                   claimed, dupClaim, staleCompletion, events>>
+                   claimed, dupClaim, staleCompletion>>
 
 \* The worker holding open lease l completes the job.
 Complete(l) ==
     /\ l \in leases
     /\ Finish(l, "completed")
     /\ UNCHANGED <<qcur, qgen, seal, lcur, ldirty, nextSeq, cursor, readers, pending,
-                   entries, consumed, deferred, zombies, moving, inserted, claimed, dupClaim,
+                   entries, consumed, marked, deferred, zombies, moving, inserted, claimed, dupClaim,
                    staleCompletion, events>>
 
 \* Open lease l ends without completing (an error, a retry, or rescue of a dead
@@ -345,7 +363,7 @@ Retry(l) ==
     /\ l \in leases
     /\ EndAttempt(l)
     /\ UNCHANGED <<qcur, qgen, seal, lcur, ldirty, nextSeq, cursor, readers, pending,
-                   entries, consumed, zombies, moving, inserted, claimed, dupClaim,
+                   entries, consumed, marked, zombies, moving, inserted, claimed, dupClaim,
                    staleCompletion, events>>
 
 \* Maintenance rescues a lease whose worker looks dead; the worker keeps running.
@@ -354,7 +372,7 @@ Rescue(l) ==
     /\ EndAttempt(l)
     /\ zombies' = zombies \cup {[job |-> l.job, k |-> l.k]}
     /\ UNCHANGED <<qcur, qgen, seal, lcur, ldirty, nextSeq, cursor, readers, pending,
-                   entries, consumed, moving, inserted, claimed, dupClaim, staleCompletion,
+                   entries, consumed, marked, moving, inserted, claimed, dupClaim, staleCompletion,
                    events>>
 
 \* A rescued worker finishes and tries to complete under its old lease. The
@@ -373,7 +391,7 @@ ZombieComplete(z) ==
           ELSE /\ events' = events \cup {"zombieRejected"}
                /\ UNCHANGED <<leases, receipts, done, staleCompletion>>
     /\ UNCHANGED <<qcur, qgen, seal, lcur, ldirty, nextSeq, cursor, readers, pending,
-                   entries, consumed, deferred, moving, inserted, claimed, dupClaim>>
+                   entries, consumed, marked, deferred, moving, inserted, claimed, dupClaim>>
 
 \* A deferred job becomes ready again: appended (committed) to the current slot in
 \* one step (its transaction holds the ring's lock shared from reading qcur to its
@@ -385,7 +403,7 @@ Promote(d) ==
     /\ entries' = entries \cup {[job |-> d.job, slot |-> qcur, gen |-> qgen[qcur],
                                  seq |-> nextSeq, k |-> d.k]}
     /\ nextSeq' = nextSeq + 1
-    /\ UNCHANGED <<qcur, qgen, seal, lcur, ldirty, cursor, readers, pending, consumed,
+    /\ UNCHANGED <<qcur, qgen, seal, lcur, ldirty, cursor, readers, pending, consumed, marked,
                    leases, receipts, zombies, moving, inserted, done, claimed, dupClaim,
                    staleCompletion, events>>
 
@@ -404,7 +422,7 @@ RotateQueue ==
     /\ qcur' = next
     /\ seal' = [seal EXCEPT ![qcur] = nextSeq, ![next] = Open]
     /\ UNCHANGED <<qgen, lcur, ldirty, nextSeq, cursor, readers, pending, entries,
-                   consumed, leases, receipts, deferred, zombies, moving, inserted, done,
+                   consumed, marked, leases, receipts, deferred, zombies, moving, inserted, done,
                    claimed, dupClaim, staleCompletion, events>>
 
 \* New leases go to the next lease slot once it is empty (truncated). As for the
@@ -415,7 +433,7 @@ RotateLease ==
     /\ next \notin ldirty
     /\ lcur' = next
     /\ UNCHANGED <<qcur, qgen, seal, ldirty, nextSeq, cursor, readers, pending, entries,
-                   consumed, leases, receipts, deferred, zombies, moving, inserted, done,
+                   consumed, marked, leases, receipts, deferred, zombies, moving, inserted, done,
                    claimed, dupClaim, staleCompletion, events>>
 
 \* Reclaim queue slot s (not the current one, holding something) in one transaction:
@@ -429,6 +447,7 @@ ReclaimQueue(s) ==
     LET C      == CarryUnconsumed(s) \cup CarryRunning(s)
         copies == {Copy(e, C) : e \in C}
         cons   == consumed \cup {NewSeq(e, C) : e \in {x \in C : ~Unconsumed(x)}}
+        mks    == marked \cup {NewSeq(e, C) : e \in {x \in C : ~Avail(x)}}
     IN
     /\ s # qcur
     /\ s \notin moving
@@ -441,9 +460,10 @@ ReclaimQueue(s) ==
     /\ IF Variant = "CarryForwardInTwoSteps"
           THEN /\ entries' = entries \cup copies
                /\ consumed' = cons
+               /\ marked' = mks
                /\ moving' = moving \cup {s}
                /\ UNCHANGED <<qgen, seal, receipts>>
-          ELSE /\ Truncate(s, entries \cup copies, cons)
+          ELSE /\ Truncate(s, entries \cup copies, cons, mks)
                /\ UNCHANGED moving
     /\ UNCHANGED <<qcur, lcur, ldirty, cursor, readers, pending, deferred, zombies, inserted,
                    done, claimed, dupClaim, staleCompletion>>
@@ -454,7 +474,7 @@ FinishReclaim(s) ==
     /\ s \in moving
     /\ \A l \in leases : l.slot # s
     /\ moving' = moving \ {s}
-    /\ Truncate(s, entries, consumed)
+    /\ Truncate(s, entries, consumed, marked)
     /\ UNCHANGED <<qcur, lcur, ldirty, nextSeq, cursor, readers, pending, leases, deferred,
                    zombies, inserted, done, claimed, dupClaim, staleCompletion, events>>
 
@@ -469,7 +489,7 @@ ReclaimLease(ls) ==
     /\ leases' = {l \in leases : l.lslot # ls}
     /\ events' = events \cup {"leaseReclaimed"}
     /\ UNCHANGED <<qcur, qgen, seal, lcur, nextSeq, cursor, readers, pending, entries,
-                   consumed, receipts, deferred, zombies, moving, inserted, done, claimed,
+                   consumed, marked, receipts, deferred, zombies, moving, inserted, done, claimed,
                    dupClaim, staleCompletion>>
 
 \* Nothing is in flight (no producer that read the slot, pending append, unconsumed
@@ -509,6 +529,7 @@ Init ==
     /\ pending = {}
     /\ entries = {}
     /\ consumed = {}
+    /\ marked = {}
     /\ leases = {}
     /\ receipts = {}
     /\ deferred = {}
@@ -573,6 +594,12 @@ CursorNeverPassesWork ==
 \* Every terminal transition came from a lease that was open at that moment.
 OnlyOpenLeaseCompletes == ~staleCompletion
 
+\* Positive configuration only: what the implementation reads as available (unmarked,
+\* at or above the cursor) is exactly what is unconsumed, so keeping no mark below the
+\* cursor changes no claim, reclaim or reader. Every seeded bug that lets the cursor
+\* pass work breaks it too, with CursorNeverPassesWork, the consequence named there.
+AvailIsUnconsumed == \A e \in entries : Avail(e) <=> Unconsumed(e)
+
 \* Positive configuration only: every inserted job is in exactly one place (at most
 \* one entry, lease or deferred row, and not also terminal). See NothingLost.
 OnePlacePerJob ==
@@ -618,5 +645,8 @@ WitnessLeaseSlotReclaimed == "leaseReclaimed" \in events
 
 \* Slot pruning happened: a claim did not open a slot that held entries.
 WitnessClaimPruned == "prunedClaim" \in events
+
+\* The cursor passed a marked entry: it is consumed without its mark.
+WitnessMarkDropped == "markDropped" \in events
 
 =======================================================================================
