@@ -844,6 +844,53 @@ async fn a_heartbeat_keeps_an_attempt_from_rescue() {
         .is_empty());
 }
 
+/// Updates of lease rows so far, and how many of them were in place (HOT), as this
+/// connection's flushed statistics count them.
+async fn lease_updates(conn: &mut sqlx::PgConnection) -> (i64, i64) {
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query_as(
+        "SELECT coalesce(sum(n_tup_upd), 0)::bigint, coalesce(sum(n_tup_hot_upd), 0)::bigint
+         FROM pg_stat_user_tables WHERE schemaname = 'awa_qs' AND relname LIKE 'leases\\_%'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+/// A heartbeat updates its lease in place (HOT): it changes no indexed column, so a running
+/// job's beats leave no index entries behind, only versions its page prunes.
+#[tokio::test]
+async fn a_heartbeat_updates_its_lease_in_place() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 2).await;
+    let (queue, priority) = LANE;
+    qs.enqueue(db.pool.pool(), &jobs(queue, priority, 1, "hot"))
+        .await
+        .unwrap();
+    let c = qs.claim(&db.pool, queue, priority, 1).await.unwrap();
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let before = lease_updates(&mut conn).await;
+    for _ in 0..5 {
+        let open: Vec<(i64, bool)> =
+            sqlx::query_as("SELECT * FROM awa_qs.qs_heartbeat($1, $2, NULL)")
+                .bind([c[0].id].as_slice())
+                .bind([c[0].run_lease].as_slice())
+                .fetch_all(&mut conn)
+                .await
+                .unwrap();
+        assert_eq!(open, [(c[0].id, false)]);
+    }
+    let after = lease_updates(&mut conn).await;
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (5, 5),
+        "five heartbeats, five updates in place"
+    );
+}
+
 #[tokio::test]
 async fn an_idle_poll_writes_nothing() {
     let db = TestDb::new().await;
