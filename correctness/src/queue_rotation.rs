@@ -436,18 +436,9 @@ impl State {
             .filter(|e| e.slot != s)
             .collect();
         let kept: Set<u8> = self.entries.iter().map(|e| e.seq).collect();
-        self.consumed = self
-            .consumed
-            .iter()
-            .copied()
-            .filter(|c| kept.contains(c))
-            .collect();
-        self.marked = self
-            .marked
-            .iter()
-            .copied()
-            .filter(|c| kept.contains(c))
-            .collect();
+        let of_kept = |seqs: &Set<u8>| seqs.iter().copied().filter(|c| kept.contains(c)).collect();
+        self.consumed = of_kept(&self.consumed);
+        self.marked = of_kept(&self.marked);
         self.receipts = self
             .receipts
             .iter()
