@@ -535,8 +535,8 @@ BEGIN
         -- lane is not written (an idle poll then leaves no dead tuple). Only the entries taken
         -- at or above the new cursor get a claimed entry: those below it are consumed by the
         -- cursor itself (`qs_lane_cursor`). Behind a committed backlog that is all of them,
-        -- and the claim writes a lease per job and nothing else per job (measured: a drain
-        -- 15-20 % faster).
+        -- and the claim writes a lease per job and nothing else per job (measured in a drain:
+        -- the pick's time down by a third, WAL per job from 511 to 355 bytes).
         RETURN QUERY
         WITH picked AS (
             SELECT e.*, e.run_lease + 1 AS next_lease, e.attempt + 1 AS next_attempt,
