@@ -847,10 +847,7 @@ async fn a_heartbeat_keeps_an_attempt_from_rescue() {
 /// Updates of lease rows so far, and how many of them were in place (HOT), as this
 /// connection's flushed statistics count them.
 async fn lease_updates(conn: &mut sqlx::PgConnection) -> (i64, i64) {
-    sqlx::query("SELECT pg_stat_force_next_flush()")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
+    flush_stats(conn).await;
     sqlx::query_as(
         "SELECT coalesce(sum(n_tup_upd), 0)::bigint, coalesce(sum(n_tup_hot_upd), 0)::bigint
          FROM pg_stat_user_tables WHERE schemaname = 'awa_qs' AND relname LIKE 'leases\\_%'",
@@ -946,14 +943,21 @@ async fn an_idle_poll_writes_nothing() {
     }
 }
 
-/// Entries read so far from `table`'s partitions in the substrate (index entries, and rows of
-/// sequential scans), as PostgreSQL's own statistics count them; `conn`'s pending counts are flushed first (a backend sends them when
-/// it goes idle, at most once a second unless told to).
-async fn index_reads(conn: &mut sqlx::PgConnection, table: &str) -> i64 {
+/// Make this connection's statistics visible to its next statement (another backend's arrive
+/// up to seconds later).
+async fn flush_stats(conn: &mut sqlx::PgConnection) {
     sqlx::query("SELECT pg_stat_force_next_flush()")
         .execute(&mut *conn)
         .await
         .unwrap();
+}
+
+/// Entries read so far from `table`'s partitions in the substrate (index entries, and rows of
+/// sequential scans), as PostgreSQL's own statistics count them; `conn`'s pending counts are
+/// flushed first (a backend sends them when it goes idle, at most once a second unless told
+/// to).
+async fn index_reads(conn: &mut sqlx::PgConnection, table: &str) -> i64 {
+    flush_stats(conn).await;
     sqlx::query_scalar(
         "SELECT ((SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes
                   WHERE schemaname = 'awa_qs' AND relname LIKE $1 || '\\_%')

@@ -131,8 +131,7 @@ BEGIN
     -- The lock order of qs_claim_queue: leases, then the lane.
     LOCK TABLE ONLY {s}.leases IN ROW EXCLUSIVE MODE;
     FOR pr IN 1 .. 4 LOOP
-        c := coalesce((SELECT l.cursor FROM {s}.lanes l
-                       WHERE l.queue = p_queue AND l.priority = pr), 0);
+        c := {s}.qs_lane_cursor(p_queue, pr);
         CONTINUE WHEN NOT EXISTS (
             SELECT 1 FROM {s}.ready_entries y
             WHERE y.queue = p_queue AND y.priority = pr AND y.seq >= c AND y.kind = p_kind

@@ -191,16 +191,7 @@ impl QueueStorage {
 
     /// Whether the substrate is installed in this schema.
     pub async fn installed(&self, pool: &Db) -> Result<bool> {
-        // In a transaction of `Db`'s (behind PgBouncer in transaction mode, statements run
-        // only inside one).
-        let mut tx = pool.begin().await?;
-        let found = self.installed_on(&mut tx).await?;
-        tx.rollback().await?;
-        Ok(found)
-    }
-
-    async fn installed_on(&self, conn: &mut PgConnection) -> Result<bool> {
-        Ok(self.version_on(conn).await?.is_some())
+        Ok(self.installed_version(pool).await?.is_some())
     }
 
     /// Install the substrate (tables, children of both rings, functions) in one transaction.
@@ -216,22 +207,27 @@ impl QueueStorage {
 
     /// [`QueueStorage::install`] on the caller's open transaction.
     pub async fn install_in(&self, conn: &mut PgConnection) -> Result<()> {
-        if !self.installed_on(conn).await? {
-            let sql = INSTALL_SQL
-                .replace("{s}", &self.schema)
-                .replace("{q}", &self.queue_slots.to_string())
-                .replace("{l}", &self.lease_slots.to_string());
-            // The simple-query protocol runs the whole script (raw_sql's future is not `Send`
-            // for every lifetime, which a spawned caller needs).
-            sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
-            self.write_functions(conn, false).await?;
-        } else if !self.upgrade_in(conn).await?
-            && self.version_on(conn).await? <= Some(SUBSTRATE_VERSION)
-        {
-            // Current functions: the scripts replaced at every install still run. Not over a
-            // newer library's: they read what its functions write (since version 4, that an
-            // entry below its lane's cursor is consumed), which an older script would not.
-            self.write_replaced(conn).await?;
+        match self.version_on(conn).await? {
+            None => {
+                let sql = INSTALL_SQL
+                    .replace("{s}", &self.schema)
+                    .replace("{q}", &self.queue_slots.to_string())
+                    .replace("{l}", &self.lease_slots.to_string());
+                // The simple-query protocol runs the whole script (raw_sql's future is not
+                // `Send` for every lifetime, which a spawned caller needs).
+                sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
+                self.write_functions(conn, false).await?;
+            }
+            // A newer library's: left alone, its `REPLACED_SQL` too (those read what its
+            // functions write; since version 4, that an entry below its lane's cursor is
+            // consumed, which an older script would not know).
+            Some(v) if v > SUBSTRATE_VERSION => {}
+            Some(_) => {
+                if !self.upgrade_in(conn).await? {
+                    // Current functions: the scripts replaced at every install still run.
+                    self.write_replaced(conn).await?;
+                }
+            }
         }
         Ok(())
     }
@@ -250,6 +246,8 @@ impl QueueStorage {
     /// statement's snapshot, not the catalog cache (which a wait on the upgrade's lock does
     /// not refresh).
     pub async fn installed_version(&self, pool: &Db) -> Result<Option<i32>> {
+        // In a transaction of `Db`'s (behind PgBouncer in transaction mode, statements run
+        // only inside one).
         let mut tx = pool.begin().await?;
         let version = self.version_on(&mut tx).await?;
         tx.rollback().await?;
