@@ -1251,6 +1251,61 @@ async fn the_lease_ring_passes_over_slots_with_open_leases() {
     assert_eq!(done, [ids[1]]);
 }
 
+/// A completion looks in the lease ring's current slot first and then, for what it did not
+/// find there, in every slot: a batch mixing both, a stale pair and a repeated pair completes
+/// each open lease exactly once, with one receipt entry per job.
+#[tokio::test]
+async fn a_completion_finds_leases_in_the_current_slot_and_in_older_ones() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 3).await;
+    let ids = qs
+        .enqueue(db.pool.pool(), &jobs("q", 2, 3, "c"))
+        .await
+        .unwrap();
+    let old = qs.claim_queue(&db.pool, "q", 2, None).await.unwrap(); // lease slot 0
+    assert_eq!(qs.rotate_leases(&db.pool).await.unwrap(), 1);
+    let cur = qs.claim_queue(&db.pool, "q", 1, None).await.unwrap(); // lease slot 1
+    let slots: Vec<i32> = sqlx::query_scalar("SELECT lease_slot FROM awa_qs.leases ORDER BY id")
+        .fetch_all(db.pool.pool())
+        .await
+        .unwrap();
+    assert_eq!(slots, [0, 0, 1]);
+    // The current slot's lease, one older lease twice, and a pair no lease matches.
+    let batch = [
+        (cur[0].id, cur[0].run_lease),
+        (old[0].id, old[0].run_lease),
+        (old[0].id, old[0].run_lease),
+        (old[1].id, old[1].run_lease + 7),
+    ];
+    let (bids, bleases): (Vec<i64>, Vec<i64>) = batch.iter().copied().unzip();
+    let mut done = qs.complete(&db.pool, &bids, &bleases).await.unwrap();
+    done.sort();
+    assert_eq!(done, [ids[0], ids[2]]);
+    let mut seqs: Vec<i64> = sqlx::query_scalar("SELECT unnest(seqs) FROM awa_qs.receipts")
+        .fetch_all(db.pool.pool())
+        .await
+        .unwrap();
+    seqs.sort();
+    assert_eq!(
+        seqs.len(),
+        2,
+        "one receipt entry per completed job: {seqs:?}"
+    );
+    seqs.dedup();
+    assert_eq!(seqs.len(), 2);
+    // The older lease left open is still there; completed ones are not completed again.
+    let again = qs.complete(&db.pool, &bids, &bleases).await.unwrap();
+    assert!(again.is_empty(), "{again:?}");
+    let done = qs
+        .complete(&db.pool, &[old[1].id], &[old[1].run_lease])
+        .await
+        .unwrap();
+    assert_eq!(done, [ids[1]]);
+    let all = qs.jobs(&db.pool).await.unwrap();
+    let states: Vec<&str> = all.iter().map(|j| j.state.as_str()).collect();
+    assert_eq!(states, ["completed"; 3]);
+}
+
 #[tokio::test]
 async fn copy_writes_every_field_and_defers_later_jobs() {
     let db = TestDb::new().await;

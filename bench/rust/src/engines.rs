@@ -192,6 +192,11 @@ pub(crate) async fn engine_drain(o: &Opts) -> Result<Value, AnyError> {
 
     // Idle pickup: one job at a time, from its insert's commit to its handler's start.
     let mut pickups = Vec::with_capacity(o.pickups);
+    // Probe knob `AWA_BENCH_PICKUPS_ALL`: every pickup in the result, in the order taken, with
+    // its insert's commit time from the start of the pickups (to line tails up with the
+    // maintenance passes in the server's log).
+    let mut timeline = Vec::new();
+    let pickups_t0 = Instant::now();
     for i in 0..o.pickups {
         let target = handled.load(Ordering::Relaxed) + 1;
         let job = prepare(-(i as i64) - 1)?;
@@ -204,7 +209,12 @@ pub(crate) async fn engine_drain(o: &Opts) -> Result<Value, AnyError> {
             tokio::time::sleep(Duration::from_micros(200)).await;
         }
         let at = started.lock().map_err(|_| "poisoned")?.unwrap_or(committed);
-        pickups.push(at.saturating_duration_since(committed).as_secs_f64() * 1000.0);
+        let ms = at.saturating_duration_since(committed).as_secs_f64() * 1000.0;
+        pickups.push(ms);
+        timeline.push(json!([
+            committed.duration_since(pickups_t0).as_secs_f64() * 1000.0,
+            ms
+        ]));
         // Let the completion land and the runtime go idle again.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -214,7 +224,7 @@ pub(crate) async fn engine_drain(o: &Opts) -> Result<Value, AnyError> {
         .fetch_one(pool.pool())
         .await?;
     pool.close().await;
-    Ok(json!({
+    let mut out = json!({
         "engine": o.engine,
         "jobs": o.jobs,
         "workers": o.workers,
@@ -235,7 +245,11 @@ pub(crate) async fn engine_drain(o: &Opts) -> Result<Value, AnyError> {
             "QueueConfig::new({}), RuntimeConfig {{ poll_interval: {} ms, ..default }}, pool {} connections; queue storage: 16 queue slots, 8 lease slots",
             o.workers, o.poll_ms, o.pool_size
         ),
-    }))
+    });
+    if std::env::var_os("AWA_BENCH_PICKUPS_ALL").is_some() {
+        out["pickup_ms"]["all"] = Value::Array(timeline);
+    }
+    Ok(out)
 }
 
 /// What bench/soak.py samples: dead and live tuples, vacuums, size and WAL position.

@@ -537,6 +537,11 @@ BEGIN
         -- cursor itself (`qs_lane_cursor`). Behind a committed backlog that is all of them,
         -- and the claim writes a lease per job and nothing else per job (measured in a drain:
         -- the pick's time down by a third, WAL per job from 511 to 355 bytes).
+        -- The per-candidate probe runs only when the lane has a claimed entry at or above its
+        -- cursor at all (one probe of the window, an InitPlan of this statement, so the same
+        -- snapshot): behind a committed backlog it has none, and the pick skips one index
+        -- probe per candidate (measured in 40,000-job drains: the pick's mean from about 550
+        -- to 410-470 us).
         RETURN QUERY
         WITH picked AS (
             SELECT e.*, e.run_lease + 1 AS next_lease, e.attempt + 1 AS next_attempt,
@@ -544,7 +549,11 @@ BEGIN
             FROM {s}.ready_entries e
             LEFT JOIN LATERAL (
                 SELECT true AS hit FROM {s}.claimed_entries c
-                WHERE (c.slot BETWEEN w_lo1 AND w_hi1 OR c.slot BETWEEN w_lo2 AND w_hi2)
+                WHERE (SELECT EXISTS (
+                           SELECT 1 FROM {s}.claimed_entries g
+                           WHERE (g.slot BETWEEN w_lo1 AND w_hi1 OR g.slot BETWEEN w_lo2 AND w_hi2)
+                             AND g.queue = p_queue AND g.priority = pr AND g.seq >= l_cursor))
+                  AND (c.slot BETWEEN w_lo1 AND w_hi1 OR c.slot BETWEEN w_lo2 AND w_hi2)
                   AND c.slot = e.slot AND c.queue = p_queue AND c.priority = pr
                   AND c.seq = e.seq
                 LIMIT 1) x ON true
@@ -827,12 +836,36 @@ END $$;
 
 -- Complete a batch: the lease delete is the guard; one receipt per queue slot for exactly the
 -- leases deleted. Returns the (id, run_lease) pairs completed.
+-- The lease ring's current slot first: most attempts complete in the slot they were leased in,
+-- and a statement that names one slot starts and scans one partition where one over the
+-- parent starts and scans all of them (a generic plan cannot prune on the pairs given). What
+-- it did not find (leased before the ring turned, or no longer open) is looked for in every
+-- slot; a lease the first statement deleted is gone for the second.
 CREATE FUNCTION {s}.qs_complete(p_ids bigint[], p_leases bigint[])
 RETURNS TABLE (id bigint, run_lease bigint) LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
+DECLARE
+    cur integer;
+    k integer;
 BEGIN
+    SELECT r.current INTO cur FROM {s}.lease_ring_state r;
+    RETURN QUERY
+    WITH done AS (
+        DELETE FROM {s}.leases l
+        USING unnest(p_ids, p_leases) AS t(id, run_lease)
+        WHERE l.lease_slot = cur AND l.id = t.id AND l.run_lease = t.run_lease
+        RETURNING l.id, l.run_lease, l.slot, l.generation, l.seq
+    ), receipt AS (
+        INSERT INTO {s}.receipts (slot, generation, seqs, finalized_at)
+        SELECT d.slot, d.generation, array_agg(d.seq), now() FROM done d GROUP BY d.slot, d.generation
+    )
+    SELECT d.id, d.run_lease FROM done d;
+    GET DIAGNOSTICS k = ROW_COUNT;
+    IF k >= coalesce(cardinality(p_ids), 0) THEN
+        RETURN;
+    END IF;
     RETURN QUERY
     WITH done AS (
         DELETE FROM {s}.leases l

@@ -31,7 +31,7 @@ const FUNCTIONS_SQL: &str = include_str!("functions.sql");
 /// substrate installed before the table existed is version 1) replaces every function, so a
 /// fix there reaches databases installed before it without `reset=True`. One that finds a
 /// newer version (a newer library's) leaves it alone.
-pub const SUBSTRATE_VERSION: i32 = 4;
+pub const SUBSTRATE_VERSION: i32 = 5;
 /// Operator actions and the test harness's claim, and external callbacks' resolution:
 /// replaced at every install call (so a substrate installed before one of them existed gets
 /// it).
