@@ -837,10 +837,10 @@ END $$;
 -- Complete a batch: the lease delete is the guard; one receipt per queue slot for exactly the
 -- leases deleted. Returns the (id, run_lease) pairs completed.
 -- The lease ring's current slot first: most attempts complete in the slot they were leased in,
--- and a statement that names one slot starts and scans one partition where one over the
--- parent starts and scans all of them (a generic plan cannot prune on the pairs given). What
--- it did not find (leased before the ring turned, or no longer open) is looked for in every
--- slot; a lease the first statement deleted is gone for the second.
+-- and a statement whose slot bounds are values prunes to that one partition at start-up, where
+-- one over every slot starts and scans all of them (a generic plan cannot prune on the pairs
+-- given). What the first pass did not find (leased before the ring turned, or no longer open)
+-- the second looks for in every slot; a lease the first pass deleted is gone for the second.
 CREATE FUNCTION {s}.qs_complete(p_ids bigint[], p_leases bigint[])
 RETURNS TABLE (id bigint, run_lease bigint) LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
@@ -848,35 +848,35 @@ AS $$
 #variable_conflict use_column
 DECLARE
     cur integer;
+    slots integer;
+    lo integer;
+    hi integer;
     k integer;
+    done_n integer := 0;
 BEGIN
-    SELECT r.current INTO cur FROM {s}.lease_ring_state r;
-    RETURN QUERY
-    WITH done AS (
-        DELETE FROM {s}.leases l
-        USING unnest(p_ids, p_leases) AS t(id, run_lease)
-        WHERE l.lease_slot = cur AND l.id = t.id AND l.run_lease = t.run_lease
-        RETURNING l.id, l.run_lease, l.slot, l.generation, l.seq
-    ), receipt AS (
-        INSERT INTO {s}.receipts (slot, generation, seqs, finalized_at)
-        SELECT d.slot, d.generation, array_agg(d.seq), now() FROM done d GROUP BY d.slot, d.generation
-    )
-    SELECT d.id, d.run_lease FROM done d;
-    GET DIAGNOSTICS k = ROW_COUNT;
-    IF k >= coalesce(cardinality(p_ids), 0) THEN
-        RETURN;
-    END IF;
-    RETURN QUERY
-    WITH done AS (
-        DELETE FROM {s}.leases l
-        USING unnest(p_ids, p_leases) AS t(id, run_lease)
-        WHERE l.id = t.id AND l.run_lease = t.run_lease
-        RETURNING l.id, l.run_lease, l.slot, l.generation, l.seq
-    ), receipt AS (
-        INSERT INTO {s}.receipts (slot, generation, seqs, finalized_at)
-        SELECT d.slot, d.generation, array_agg(d.seq), now() FROM done d GROUP BY d.slot, d.generation
-    )
-    SELECT d.id, d.run_lease FROM done d;
+    SELECT r.current, r.slots INTO cur, slots FROM {s}.lease_ring_state r;
+    FOR pass IN 1 .. 2 LOOP
+        IF pass = 1 THEN
+            lo := cur; hi := cur;
+        ELSE
+            lo := 0; hi := slots - 1;
+        END IF;
+        RETURN QUERY
+        WITH done AS (
+            DELETE FROM {s}.leases l
+            USING unnest(p_ids, p_leases) AS t(id, run_lease)
+            WHERE l.lease_slot BETWEEN lo AND hi AND l.id = t.id AND l.run_lease = t.run_lease
+            RETURNING l.id, l.run_lease, l.slot, l.generation, l.seq
+        ), receipt AS (
+            INSERT INTO {s}.receipts (slot, generation, seqs, finalized_at)
+            SELECT d.slot, d.generation, array_agg(d.seq), now() FROM done d
+            GROUP BY d.slot, d.generation
+        )
+        SELECT d.id, d.run_lease FROM done d;
+        GET DIAGNOSTICS k = ROW_COUNT;
+        done_n := done_n + k;
+        EXIT WHEN done_n >= coalesce(cardinality(p_ids), 0);
+    END LOOP;
 END $$;
 
 -- Rescue: running attempts whose heartbeat is older than p_stale or whose deadline has passed,
