@@ -1306,6 +1306,51 @@ async fn a_completion_finds_leases_in_the_current_slot_and_in_older_ones() {
     assert_eq!(states, ["completed"; 3]);
 }
 
+/// A completion locks the lease slots it looks in, not every slot: one still open (its
+/// transaction not yet committed) does not keep the ring from turning into an empty slot.
+/// (Through the parent, a completion's plan locked every slot, and the rotation's short lock
+/// wait gave up on each of them.)
+#[tokio::test]
+async fn an_open_completion_does_not_hold_the_lease_ring_still() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 3).await;
+    qs.enqueue(db.pool.pool(), &jobs("q", 2, 2, "r"))
+        .await
+        .unwrap();
+    let old = qs.claim_queue(&db.pool, "q", 1, None).await.unwrap(); // lease slot 0
+    assert_eq!(qs.rotate_leases(&db.pool).await.unwrap(), 1);
+    let cur = qs.claim_queue(&db.pool, "q", 1, None).await.unwrap(); // lease slot 1
+    let mut tx = db.pool.pool().begin().await.unwrap();
+    let done: Vec<i64> = sqlx::query_scalar("SELECT id FROM awa_qs.qs_complete($1, $2)")
+        .bind([cur[0].id])
+        .bind([cur[0].run_lease])
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(done, [cur[0].id]);
+    // Slot 2 is empty and the completion never looked there: the ring moves into it.
+    assert_eq!(qs.rotate_leases(&db.pool).await.unwrap(), 2);
+    tx.commit().await.unwrap();
+    // The lease of slot 0 is still found, from the new current slot, and only once.
+    let done = qs
+        .complete(
+            &db.pool,
+            &[old[0].id, old[0].id],
+            &[old[0].run_lease, old[0].run_lease],
+        )
+        .await
+        .unwrap();
+    assert_eq!(done, [old[0].id]);
+    let states: Vec<String> = qs
+        .jobs(&db.pool)
+        .await
+        .unwrap()
+        .iter()
+        .map(|j| j.state.as_str().to_string())
+        .collect();
+    assert_eq!(states, ["completed", "completed"]);
+}
+
 #[tokio::test]
 async fn copy_writes_every_field_and_defers_later_jobs() {
     let db = TestDb::new().await;

@@ -31,7 +31,7 @@ const FUNCTIONS_SQL: &str = include_str!("functions.sql");
 /// substrate installed before the table existed is version 1) replaces every function, so a
 /// fix there reaches databases installed before it without `reset=True`. One that finds a
 /// newer version (a newer library's) leaves it alone.
-pub const SUBSTRATE_VERSION: i32 = 5;
+pub const SUBSTRATE_VERSION: i32 = 6;
 /// Operator actions and the test harness's claim, and external callbacks' resolution:
 /// replaced at every install call (so a substrate installed before one of them existed gets
 /// it).
@@ -340,7 +340,10 @@ impl QueueStorage {
         if replace {
             sql.push_str(&drop_functions_sql(&self.schema, false));
         }
-        sql.push_str(&FUNCTIONS_SQL.replace("{s}", &self.schema));
+        // The lease ring's size as installed (a runtime's configured count may differ).
+        let ring = format!("SELECT slots FROM {}", self.name("lease_ring_state"));
+        let lease_slots: i32 = sqlx::query_scalar(&ring).fetch_one(&mut *conn).await?;
+        sql.push_str(&render_functions(&self.schema, lease_slots)?);
         sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
         self.write_replaced(conn).await?;
         let record = format!(
@@ -1184,6 +1187,41 @@ pub(crate) async fn upgrade_installed(pool: &Db) -> Result<()> {
     Ok(())
 }
 
+/// Marks a block of `functions.sql` written out once per lease slot, `{i}` standing for the
+/// slot: a statement naming one slot's table is planned again only when that table changes.
+const EACH_LEASE_SLOT: &str = "-- {each lease slot}\n";
+const END_EACH_LEASE_SLOT: &str = "-- {end each lease slot}\n";
+
+/// `functions.sql` for `schema` and a lease ring of `lease_slots` slots.
+fn render_functions(schema: &str, lease_slots: i32) -> Result<String> {
+    if !u32::try_from(lease_slots).is_ok_and(|n| SLOT_RANGE.contains(&n)) {
+        return Err(AwaError::State(format!(
+            "queue storage in schema \"{schema}\" has a lease ring of {lease_slots} slots; \
+             it must have between {} and {}",
+            SLOT_RANGE.start(),
+            SLOT_RANGE.end()
+        )));
+    }
+    let mut out = String::with_capacity(FUNCTIONS_SQL.len() * 2);
+    let mut rest = FUNCTIONS_SQL;
+    while let Some(at) = rest.find(EACH_LEASE_SLOT) {
+        out.push_str(&rest[..at]);
+        let body_start = at + EACH_LEASE_SLOT.len();
+        let Some(len) = rest[body_start..].find(END_EACH_LEASE_SLOT) else {
+            return Err(AwaError::State(
+                "functions.sql: a per-lease-slot block is not closed".into(),
+            ));
+        };
+        let body = &rest[body_start..body_start + len];
+        for i in 0..lease_slots {
+            out.push_str(&body.replace("{i}", &i.to_string()));
+        }
+        rest = &rest[body_start + len + END_EACH_LEASE_SLOT.len()..];
+    }
+    out.push_str(rest);
+    Ok(out.replace("{s}", schema))
+}
+
 /// SQL dropping the substrate's functions in `schema`, by name and whatever their arguments
 /// (only those: a schema shared with canonical keeps canonical's). `uninstall`: every function
 /// of every script, with what depends on it (`CASCADE`: the trigger, which goes with its
@@ -1212,4 +1250,24 @@ pub(crate) fn drop_functions_sql(schema: &str, uninstall: bool) -> String {
          END $$;\n",
         names.join(", ")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_lease_slot_blocks_are_written_once_per_slot() {
+        let sql = render_functions("awa", 3).expect("renders");
+        assert!(!sql.contains("{i}") && !sql.contains("{s}") && !sql.contains("{each"));
+        for i in 0..3 {
+            assert_eq!(
+                sql.matches(&format!("DELETE FROM awa.leases_{i} l"))
+                    .count(),
+                1
+            );
+        }
+        assert!(!sql.contains("awa.leases_3 "));
+        assert!(render_functions("awa", 0).is_err());
+    }
 }
