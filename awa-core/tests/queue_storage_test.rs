@@ -1351,6 +1351,46 @@ async fn an_open_completion_does_not_hold_the_lease_ring_still() {
     assert_eq!(states, ["completed", "completed"]);
 }
 
+/// A completion finds its leases through the index on the pairs' ids, whatever the slot's
+/// statistics said when its statement was planned: here they say the slot is empty (analyzed
+/// before the claims), where a plan left to its estimates reads every lease of the slot.
+/// Counted in this transaction's table statistics, which no other backend changes.
+#[tokio::test]
+async fn a_completion_reads_only_its_own_leases_whatever_the_statistics() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 4, 3).await;
+    sqlx::query("ANALYZE awa_qs.leases_0")
+        .execute(db.pool.pool())
+        .await
+        .unwrap();
+    qs.enqueue(db.pool.pool(), &jobs("q", 2, 60, "s"))
+        .await
+        .unwrap();
+    let got = qs.claim_queue(&db.pool, "q", 60, None).await.unwrap(); // lease slot 0
+    assert_eq!(got.len(), 60);
+    let mut tx = db.pool.pool().begin().await.unwrap();
+    let done: Vec<i64> = sqlx::query_scalar("SELECT id FROM awa_qs.qs_complete($1, $2)")
+        .bind([got[7].id])
+        .bind([got[7].run_lease])
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(done, [got[7].id]);
+    let (seq_read, idx_fetched): (i64, i64) = sqlx::query_as(
+        "SELECT coalesce(seq_tup_read, 0), coalesce(idx_tup_fetch, 0)
+         FROM pg_stat_xact_user_tables WHERE schemaname = 'awa_qs' AND relname = 'leases_0'",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        (seq_read, idx_fetched),
+        (0, 1),
+        "one lease looked up, not the slot's 60"
+    );
+}
+
 #[tokio::test]
 async fn copy_writes_every_field_and_defers_later_jobs() {
     let db = TestDb::new().await;

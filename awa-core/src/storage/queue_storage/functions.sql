@@ -847,9 +847,20 @@ END $$;
 -- commit. A slot's own statement is planned again only when that slot is truncated, and its
 -- plan is one table's. The parent is locked first, as the claim locks it (the lock order
 -- reclaim_queue relies on; a statement on a slot's table alone does not lock the parent).
+-- The plan must not depend on the slot's statistics when it is made: a slot's statement is
+-- planned again right after the slot's TRUNCATE, when it is empty, and left to its estimates
+-- the planner then chose a sequential scan (or a full index scan) of the slot, read again at
+-- every completion as the slot fills. So the pairs' ids are the index condition
+-- (`id = ANY`), and the rows it finds are matched to the pairs in a hash join. (JIT off: the
+-- disabled scans' cost on the ring's one-row table would otherwise make every call compile.)
 CREATE FUNCTION {s}.qs_complete(p_ids bigint[], p_leases bigint[])
 RETURNS TABLE (id bigint, run_lease bigint) LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_nestloop = off
+SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -874,7 +885,7 @@ BEGIN
             WITH done AS (
                 DELETE FROM {s}.leases_{i} l
                 USING unnest(p_ids, p_leases) AS t(id, run_lease)
-                WHERE l.id = t.id AND l.run_lease = t.run_lease
+                WHERE l.id = ANY (p_ids) AND l.id = t.id AND l.run_lease = t.run_lease
                 RETURNING l.id, l.run_lease, l.slot, l.generation, l.seq
             ), receipt AS (
                 INSERT INTO {s}.receipts (slot, generation, seqs, finalized_at)
