@@ -1306,6 +1306,17 @@ async fn a_completion_finds_leases_in_the_current_slot_and_in_older_ones() {
     assert_eq!(states, ["completed"; 3]);
 }
 
+/// Complete `job`'s attempt in `tx`, left open for the caller (asserts it was completed).
+async fn complete_one_in(tx: &mut sqlx::PgConnection, job: &awa_core::JobRow) {
+    let done: Vec<i64> = sqlx::query_scalar("SELECT id FROM awa_qs.qs_complete($1, $2)")
+        .bind([job.id])
+        .bind([job.run_lease])
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(done, [job.id]);
+}
+
 /// A completion locks the lease slots it looks in, not every slot: one still open (its
 /// transaction not yet committed) does not keep the ring from turning into an empty slot.
 /// (Through the parent, a completion's plan locked every slot, and the rotation's short lock
@@ -1321,13 +1332,7 @@ async fn an_open_completion_does_not_hold_the_lease_ring_still() {
     assert_eq!(qs.rotate_leases(&db.pool).await.unwrap(), 1);
     let cur = qs.claim_queue(&db.pool, "q", 1, None).await.unwrap(); // lease slot 1
     let mut tx = db.pool.pool().begin().await.unwrap();
-    let done: Vec<i64> = sqlx::query_scalar("SELECT id FROM awa_qs.qs_complete($1, $2)")
-        .bind([cur[0].id])
-        .bind([cur[0].run_lease])
-        .fetch_all(&mut *tx)
-        .await
-        .unwrap();
-    assert_eq!(done, [cur[0].id]);
+    complete_one_in(&mut tx, &cur[0]).await;
     // Slot 2 is empty and the completion never looked there: the ring moves into it.
     assert_eq!(qs.rotate_leases(&db.pool).await.unwrap(), 2);
     tx.commit().await.unwrap();
@@ -1369,13 +1374,7 @@ async fn a_completion_reads_only_its_own_leases_whatever_the_statistics() {
     let got = qs.claim_queue(&db.pool, "q", 60, None).await.unwrap(); // lease slot 0
     assert_eq!(got.len(), 60);
     let mut tx = db.pool.pool().begin().await.unwrap();
-    let done: Vec<i64> = sqlx::query_scalar("SELECT id FROM awa_qs.qs_complete($1, $2)")
-        .bind([got[7].id])
-        .bind([got[7].run_lease])
-        .fetch_all(&mut *tx)
-        .await
-        .unwrap();
-    assert_eq!(done, [got[7].id]);
+    complete_one_in(&mut tx, &got[7]).await;
     let (seq_read, idx_fetched): (i64, i64) = sqlx::query_as(
         "SELECT coalesce(seq_tup_read, 0), coalesce(idx_tup_fetch, 0)
          FROM pg_stat_xact_user_tables WHERE schemaname = 'awa_qs' AND relname = 'leases_0'",
