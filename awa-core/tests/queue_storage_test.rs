@@ -12,7 +12,7 @@
 mod common;
 
 use awa_core::storage::queue_storage::{Finish, QueueStorage};
-use awa_core::{AwaError, NewJob};
+use awa_core::{AwaError, JobRow, NewJob};
 use common::TestDb;
 use serde_json::json;
 use sqlx::Connection;
@@ -1219,17 +1219,33 @@ async fn a_job_keeps_its_fields_and_a_later_one_waits_as_scheduled() {
     assert!(all[1].run_at > chrono::Utc::now());
 }
 
+/// A substrate with 4 queue slots and 3 lease slots holding `n` jobs of one lane: the first
+/// `in_slot_0` claimed in lease slot 0, the ring turned, and the rest claimed in lease slot 1.
+/// Returns the substrate, the ids and the two claims.
+async fn leased_in_two_slots(
+    db: &TestDb,
+    n: usize,
+    in_slot_0: i32,
+) -> (QueueStorage, Vec<i64>, Vec<JobRow>, Vec<JobRow>) {
+    let qs = installed(db, 4, 3).await;
+    let ids = qs
+        .enqueue(db.pool.pool(), &jobs("q", 2, n, "l"))
+        .await
+        .unwrap();
+    let old = qs
+        .claim_queue(&db.pool, "q", in_slot_0, None)
+        .await
+        .unwrap();
+    assert_eq!(qs.rotate_leases(&db.pool).await.unwrap(), 1);
+    let rest = n as i32 - in_slot_0;
+    let cur = qs.claim_queue(&db.pool, "q", rest, None).await.unwrap();
+    (qs, ids, old, cur)
+}
+
 #[tokio::test]
 async fn the_lease_ring_passes_over_slots_with_open_leases() {
     let db = TestDb::new().await;
-    let qs = installed(&db, 4, 3).await;
-    let ids = qs
-        .enqueue(db.pool.pool(), &jobs("q", 2, 2, "l"))
-        .await
-        .unwrap();
-    let a = qs.claim_queue(&db.pool, "q", 1, None).await.unwrap(); // lease slot 0
-    assert_eq!(qs.rotate_leases(&db.pool).await.unwrap(), 1);
-    let b = qs.claim_queue(&db.pool, "q", 1, None).await.unwrap(); // lease slot 1
+    let (qs, ids, a, b) = leased_in_two_slots(&db, 2, 1).await;
     assert_eq!(qs.rotate_leases(&db.pool).await.unwrap(), 2);
     // Slots 0 and 1 each hold an open lease: the ring stays where it is.
     assert_eq!(qs.rotate_leases(&db.pool).await.unwrap(), 2);
@@ -1252,19 +1268,12 @@ async fn the_lease_ring_passes_over_slots_with_open_leases() {
 }
 
 /// A completion looks in the lease ring's current slot first and then, for what it did not
-/// find there, in every slot: a batch mixing both, a stale pair and a repeated pair completes
+/// find there, back round the ring: a batch mixing both, a stale pair and a repeated pair completes
 /// each open lease exactly once, with one receipt entry per job.
 #[tokio::test]
 async fn a_completion_finds_leases_in_the_current_slot_and_in_older_ones() {
     let db = TestDb::new().await;
-    let qs = installed(&db, 4, 3).await;
-    let ids = qs
-        .enqueue(db.pool.pool(), &jobs("q", 2, 3, "c"))
-        .await
-        .unwrap();
-    let old = qs.claim_queue(&db.pool, "q", 2, None).await.unwrap(); // lease slot 0
-    assert_eq!(qs.rotate_leases(&db.pool).await.unwrap(), 1);
-    let cur = qs.claim_queue(&db.pool, "q", 1, None).await.unwrap(); // lease slot 1
+    let (qs, ids, old, cur) = leased_in_two_slots(&db, 3, 2).await;
     let slots: Vec<i32> = sqlx::query_scalar("SELECT lease_slot FROM awa_qs.leases ORDER BY id")
         .fetch_all(db.pool.pool())
         .await
@@ -1307,7 +1316,7 @@ async fn a_completion_finds_leases_in_the_current_slot_and_in_older_ones() {
 }
 
 /// Complete `job`'s attempt in `tx`, left open for the caller (asserts it was completed).
-async fn complete_one_in(tx: &mut sqlx::PgConnection, job: &awa_core::JobRow) {
+async fn complete_one_in(tx: &mut sqlx::PgConnection, job: &JobRow) {
     let done: Vec<i64> = sqlx::query_scalar("SELECT id FROM awa_qs.qs_complete($1, $2)")
         .bind([job.id])
         .bind([job.run_lease])
@@ -1324,13 +1333,7 @@ async fn complete_one_in(tx: &mut sqlx::PgConnection, job: &awa_core::JobRow) {
 #[tokio::test]
 async fn an_open_completion_does_not_hold_the_lease_ring_still() {
     let db = TestDb::new().await;
-    let qs = installed(&db, 4, 3).await;
-    qs.enqueue(db.pool.pool(), &jobs("q", 2, 2, "r"))
-        .await
-        .unwrap();
-    let old = qs.claim_queue(&db.pool, "q", 1, None).await.unwrap(); // lease slot 0
-    assert_eq!(qs.rotate_leases(&db.pool).await.unwrap(), 1);
-    let cur = qs.claim_queue(&db.pool, "q", 1, None).await.unwrap(); // lease slot 1
+    let (qs, _, old, cur) = leased_in_two_slots(&db, 2, 1).await;
     let mut tx = db.pool.pool().begin().await.unwrap();
     complete_one_in(&mut tx, &cur[0]).await;
     // Slot 2 is empty and the completion never looked there: the ring moves into it.
