@@ -8,6 +8,8 @@
 #                                # dead tuples, size and backlog; --duration-s N for a short one
 #   bash bench/run.sh --engines  # the storage engines side by side (bench/engines.py): the Rust
 #                                # drain, WAL, dead tuples and idle pickup on each (~3 min warm)
+#   bash bench/run.sh --claim-cost  # one idle claim's cost on each engine, next to a one-statement
+#                                # claim on queue storage's tables (bench/claim_cost.py; pgbench)
 #
 # Outputs, written together by one run (the report is generated whole from the JSON):
 #   full:    docs/benchmarks.json (every run), docs/benchmarks.md (the report), docs/benchmarks.png
@@ -49,12 +51,14 @@ PLOT_REQ="${PLOT_REQ:-matplotlib==3.11.2}"
 BUILD=1
 SOAK=0
 ENGINES=0
+CLAIM_COST=0
 PASS=()
 for a in "$@"; do
     case "$a" in
         --no-build) BUILD=0 ;;
         --soak) SOAK=1 ;;
         --engines) ENGINES=1 ;;
+        --claim-cost) CLAIM_COST=1 ;;
         -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
         *) PASS+=("$a") ;;
     esac
@@ -81,12 +85,19 @@ ensure_venv
 ensure_database
 log "database: $DATABASE_URL"
 mkdir -p "$VENVS"
-if [ "$ENGINES" = 1 ]; then
+if [ "$ENGINES" = 1 ] || [ "$CLAIM_COST" = 1 ]; then
     # Rust only: the bench binary and the chart's virtualenv.
     ensure_system_venv plot "$PLOT_REQ"
     if [ "$BUILD" = 1 ]; then
         log "building the Rust bench binary (release, $BENCH_TARGET; a few minutes on a cold cache)"
         CARGO_TARGET_DIR="$BENCH_TARGET" cargo build --quiet --release --manifest-path "$BENCH/rust/Cargo.toml"
+    fi
+    if [ "$CLAIM_COST" = 1 ]; then
+        command -v pgbench >/dev/null 2>&1 || {
+            echo "--claim-cost needs pgbench (Debian/Ubuntu: apt-get install postgresql-client)" >&2; exit 1; }
+        log "measuring one idle claim per engine"
+        exec "$PY" "$BENCH/claim_cost.py" --rust-bin "$BENCH_TARGET/release/awa-bench" \
+            --command "bash bench/run.sh --claim-cost${PASS[*]:+ ${PASS[*]}}" ${PASS[@]+"${PASS[@]}"}
     fi
     log "running the engines comparison"
     exec "$PY" "$BENCH/engines.py" --rust-bin "$BENCH_TARGET/release/awa-bench" \

@@ -29,9 +29,9 @@ if ! (cd "$ROOT" && "$PY" correctness/tlc.py); then
 fi
 
 # The benchmark's bookkeeping (no database): the committed report, its JSON and its commit agree.
-log "pytest bench/test_orchestrate.py bench/test_soak.py bench/test_engines.py"
-if ! (cd "$ROOT" && "$PY" -m pytest -q bench/test_orchestrate.py bench/test_soak.py bench/test_engines.py); then
-    failed+=("pytest bench/test_orchestrate.py bench/test_soak.py bench/test_engines.py")
+log "pytest bench/test_orchestrate.py bench/test_soak.py bench/test_engines.py bench/test_claim_cost.py"
+if ! (cd "$ROOT" && "$PY" -m pytest -q bench/test_orchestrate.py bench/test_soak.py bench/test_engines.py bench/test_claim_cost.py); then
+    failed+=("pytest bench/test_orchestrate.py bench/test_soak.py bench/test_engines.py bench/test_claim_cost.py")
 fi
 
 # The seam tests (tests/test_staged_follow_ups.py, tests/test_outcomes.py) need the seams.
