@@ -32,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -241,28 +240,15 @@ def main() -> None:
     p.add_argument("--loops", type=int, default=2000)
     p.add_argument("--rust-bin", default="")
     p.add_argument("--command", default="python3 bench/claim_cost.py")
-    p.add_argument("--render", metavar="JSON")
-    p.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.plot:
-        plot(*args.plot)
-        return
-    if args.render:
-        with open(args.render) as f:
-            write(json.load(f), args.render)
+    args = orchestrate.report_args(p, plot, write)
+    if args is None:
         return
     if not args.rust_bin:
         p.error("--rust-bin is required (bash bench/run.sh --claim-cost builds and passes it)")
     admin_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
     os.makedirs(RESULTS, exist_ok=True)
-    data: dict[str, Any] = {
-        "command": args.command,
-        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "meta": orchestrate.machine_meta(admin_url),
-        "autovacuum": orchestrate.psql(admin_url, "SHOW autovacuum"),
-        "params": {"rounds": args.rounds, "loops": args.loops},
-        "runs": [],
-    }
+    data = orchestrate.run_record(args.command, admin_url,
+                                  {"rounds": args.rounds, "loops": args.loops})
     with open(os.path.join(RESULTS, "claim-cost.log"), "w") as log:
         for rnd in range(1, args.rounds + 1):
             k = (rnd - 1) % len(CLAIMS)

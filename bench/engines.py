@@ -27,7 +27,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -172,28 +171,15 @@ def main() -> None:
     p.add_argument("--pickups", type=int, default=100)
     p.add_argument("--rust-bin", default="")
     p.add_argument("--command", default="python3 bench/engines.py")
-    p.add_argument("--render", metavar="JSON")
-    p.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.plot:
-        plot(*args.plot)
-        return
-    if args.render:
-        with open(args.render) as f:
-            write(json.load(f), args.render)
+    args = orchestrate.report_args(p, plot, write)
+    if args is None:
         return
     if not args.rust_bin:
         p.error("--rust-bin is required (bash bench/run.sh --engines builds and passes it)")
     admin_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
     os.makedirs(RESULTS, exist_ok=True)
-    data: dict[str, Any] = {
-        "command": args.command,
-        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "meta": orchestrate.machine_meta(admin_url),
-        "autovacuum": orchestrate.psql(admin_url, "SHOW autovacuum"),
-        "params": {k: getattr(args, k) for k in ("rounds", "jobs", "workers", "pickups")},
-        "runs": [],
-    }
+    data = orchestrate.run_record(
+        args.command, admin_url, {k: getattr(args, k) for k in ("rounds", "jobs", "workers", "pickups")})
     with open(os.path.join(RESULTS, "engines.log"), "w") as log:
         for rnd in range(1, args.rounds + 1):
             order = ENGINES if rnd % 2 else list(reversed(ENGINES))

@@ -904,6 +904,38 @@ def write_report(data: dict[str, Any], json_path: str, document: Callable[[str],
     print(f"==> {os.path.relpath(md_path, ROOT)}")
 
 
+def report_args(p: argparse.ArgumentParser, plot: Callable[[str, str], None],
+                 write: Callable[[dict[str, Any], str], None]) -> argparse.Namespace | None:
+    """Parse a report script's arguments, adding the two every such script takes: ``--render
+    JSON`` (write the report again from a run's JSON, without measuring) and ``--plot JSON PNG``
+    (draw the chart; ``write_report`` calls it in the plotting virtualenv). Returns None when one
+    of them was given and done (the soak, the engines comparison and the claim cost share this)."""
+    p.add_argument("--render", metavar="JSON", help="re-render a run's report without measuring")
+    p.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.plot:
+        plot(*args.plot)
+        return None
+    if args.render:
+        with open(args.render) as f:
+            write(json.load(f), args.render)
+        return None
+    return args
+
+
+def run_record(command: str, admin_url: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The start of a report script's JSON: how it was run, when, on what, and whether the
+    server vacuums on its own (which decides what the canonical engine leaves behind)."""
+    return {
+        "command": command,
+        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "meta": machine_meta(admin_url),
+        "autovacuum": psql(admin_url, "SHOW autovacuum"),
+        "params": params,
+        "runs": [],
+    }
+
+
 def check(json_path: str, md_path: str) -> int:
     """Exit status 0 when ``md_path`` is exactly what ``json_path`` renders to."""
     with open(json_path) as f:

@@ -208,31 +208,18 @@ def main() -> None:
     p.add_argument("--poll-ms", type=int, default=50)
     p.add_argument("--command", default="python3 bench/soak.py")
     p.add_argument("--rust-bin", default="")
-    p.add_argument("--render", metavar="JSON", help="re-render a run's report without measuring")
-    p.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.plot:
-        plot(*args.plot)
-        return
-    if args.render:
-        with open(args.render) as f:
-            write(json.load(f), args.render)
+    args = orchestrate.report_args(p, plot, write)
+    if args is None:
         return
     admin_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
     registry = orchestrate.systems(args.rust_bin)
     os.makedirs(RESULTS, exist_ok=True)
     log_path = os.path.join(RESULTS, "soak.log")
     open(log_path, "w").close()
-    data: dict[str, Any] = {
-        "command": args.command,
-        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "meta": orchestrate.machine_meta(admin_url),
-        # Whether the server vacuums on its own decides what the canonical engines leave behind.
-        "autovacuum": orchestrate.psql(admin_url, "SHOW autovacuum"),
-        "params": {k: getattr(args, k) for k in ("rate", "duration_s", "sample_s", "retention_s",
-                                                 "workers", "poll_ms")},
-        "runs": [],
-    }
+    data = orchestrate.run_record(
+        args.command, admin_url,
+        {k: getattr(args, k) for k in ("rate", "duration_s", "sample_s", "retention_s", "workers",
+                                       "poll_ms")})
     for system in args.systems.split(","):
         print(f"==> soak: {system}, {args.rate:,.0f} jobs/s for {args.duration_s:,.0f} s", flush=True)
         rec = run_system(system, registry[system], admin_url, args, log_path)
