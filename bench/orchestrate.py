@@ -603,7 +603,7 @@ SOAK_SYSTEMS = [("awa-rust-soak", "ours, canonical"), ("awa-rust-qs", "ours, que
 
 
 def storage_engines_section(docs: str = DOCS) -> list[str]:
-    """Issue 18's targets, from docs/soak.json and docs/engines.json as they stand."""
+    """Issue 18's targets, from docs/soak.json, docs/engines.json and docs/claim-cost.json as they stand."""
     def load(name: str) -> dict[str, Any] | None:
         path = os.path.join(docs, name)
         if not os.path.exists(path):
@@ -672,6 +672,23 @@ def storage_engines_section(docs: str = DOCS) -> list[str]:
             verdict = sm.get("verdicts", {}).get(key)
             met = "" if verdict is None else ("met" if verdict else "**missed**")
             lines.append(f"| {label} | {fmt.format(c)} | {fmt.format(q)} | {sm['ratios'][key]:.2f}× | {need} | {met} |")
+        lines.append("")
+    claims = load("claim-cost.json")
+    if claims is not None:
+        cs, p = claims["summary"], claims["params"]
+        lines.append(f"**What one idle claim costs** ([claim-cost.md](claim-cost.md): {source(claims)}): "
+                     f"`pgbench`, one client, {p['rounds']} rounds of {p['loops']:,} loops (insert one job, "
+                     "claim it, complete it); the claim's latency as the client sees it, medians; the "
+                     "ratio is over canonical's. The last is not a correct claim: the least a claim on "
+                     "queue storage's tables can cost ([why](queue-storage-design.md)).")
+        lines.append("")
+        lines.append("| claim | ms | ratio |")
+        lines.append("| --- | ---: | ---: |")
+        labels = [("canonical", "canonical"), ("queue_storage", "queue storage"),
+                  ("one_statement", "one statement on queue storage's tables")]
+        for key, label in labels:
+            if key in cs.get("claims", {}) and key in cs.get("ratios", {}):
+                lines.append(f"| {label} | {cs['claims'][key]['median']:.3f} | {cs['ratios'][key]:.2f}× |")
         lines.append("")
     return lines
 

@@ -221,3 +221,13 @@ def test_the_storage_engines_section_reads_the_soak_and_the_engines_runs(tmp_pat
     text = "\n".join(orchestrate.storage_engines_section(str(tmp_path)))
     assert "[soak-engines.md](soak-engines.md)" in text and "A short run: 1,200 s per system" in text
     assert "size growth from minute 6.67" in text
+    assert "What one idle claim costs" not in text
+    claims = {"command": "bash bench/run.sh --claim-cost", "started": "later", "meta": meta,
+              "params": {"rounds": 7, "loops": 2000},
+              "summary": {"claims": {"canonical": {"median": 0.5}, "queue_storage": {"median": 0.9}},
+                          "ratios": {"canonical": 1.0, "queue_storage": 1.8}}}
+    (tmp_path / "claim-cost.json").write_text(json.dumps(claims))
+    text = "\n".join(orchestrate.storage_engines_section(str(tmp_path)))
+    assert "`bash bench/run.sh --claim-cost`" in text and "7 rounds of 2,000 loops" in text
+    assert "| queue storage | 0.900 | 1.80× |" in text
+    assert "one statement on queue storage's tables |" not in text  # not measured in that run
