@@ -45,6 +45,40 @@ _STATE_PREDICATE["waiting_external"] = "callback_id IS NOT NULL AND state = 'wai
 # `id < $2` leaves a small range: on a million rows such a plan sorts the whole table.
 # Text filters (state, kind, queue, tag) stay bound parameters.
 
+# Queue storage's per-table row estimates, from the statistics of each partition of its
+# partitioned tables (and of deferred_jobs, a plain table): (tbl, state, n). $1 is the schema.
+# ready_entries' row is every entry, under "available"; the caller takes the consumed away.
+_QS_ESTIMATES_SQL = """
+WITH parts AS (
+    SELECT p.relname AS tbl, c.relname AS part, greatest(c.reltuples, 0)::float8 AS n
+    FROM pg_class p
+    JOIN pg_namespace ns ON ns.oid = p.relnamespace AND ns.nspname = $1
+    JOIN pg_inherits i ON i.inhparent = p.oid
+    JOIN pg_class c ON c.oid = i.inhrelid
+    WHERE p.relname IN ('ready_entries', 'receipts', 'done_entries')
+    UNION ALL
+    SELECT c.relname, c.relname, greatest(c.reltuples, 0)::float8
+    FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace AND ns.nspname = $1
+    WHERE c.relname = 'deferred_jobs'
+), stats AS (
+    SELECT s.tablename, s.attname, s.most_common_vals::text::text[] AS vals,
+           s.most_common_freqs AS freqs, s.elem_count_histogram AS hist
+    FROM pg_stats s
+    WHERE s.schemaname = $1 AND NOT s.inherited AND s.attname IN ('seqs', 'state')
+)
+SELECT p.tbl, 'available' AS state, sum(p.n) AS n FROM parts p
+WHERE p.tbl = 'ready_entries' GROUP BY p.tbl
+UNION ALL
+SELECT p.tbl, 'completed', sum(p.n * coalesce(st.hist[cardinality(st.hist)], 1)) FROM parts p
+LEFT JOIN stats st ON st.tablename = p.part AND st.attname = 'seqs'
+WHERE p.tbl = 'receipts' GROUP BY p.tbl
+UNION ALL
+SELECT p.tbl, v.state, sum(p.n * v.freq) FROM parts p
+JOIN stats st ON st.tablename = p.part AND st.attname = 'state'
+CROSS JOIN LATERAL unnest(st.vals, st.freqs) AS v(state, freq)
+WHERE p.tbl IN ('done_entries', 'deferred_jobs') GROUP BY p.tbl, v.state
+"""
+
 _JOB_COLUMNS = (
     "id, kind, queue, args, state, priority, attempt, max_attempts, run_at, heartbeat_at, "
     "deadline_at, attempted_at, finalized_at, created_at, errors, metadata, tags, unique_states, "
@@ -193,7 +227,35 @@ class Ops:
             "WHERE s.schemaname = 'awa' AND s.tablename = 'canonical_jobs' AND s.attname = 'state' "
             "AND c.oid = 'awa.canonical_jobs'::regclass"
         )
-        return {r["state"]: int(r["n"]) for r in rows}
+        guesses = {r["state"]: int(r["n"]) for r in rows}
+        for state, n in (await self._queue_storage_estimates()).items():
+            guesses[state] = guesses.get(state, 0) + n
+        return guesses
+
+    async def _queue_storage_estimates(self) -> dict[str, int]:
+        """The same estimate for the jobs of the queue-storage schema ``awa.jobs`` reads (none
+        when it reads canonical's table only), from each partition's statistics, which
+        autovacuum keeps (it never analyzes a partitioned table as a whole): completed jobs
+        are receipts' rows times their average number of seqs (``elem_count_histogram``'s
+        last value), failed and cancelled ones are ``done_entries`` by their ``state``'s
+        frequencies, scheduled and retryable ones ``deferred_jobs`` the same way, and
+        available ones the ready entries left over when those consumed by a completion, a
+        failure or a cancel are taken away (an entry a retry or a rescue consumed counts as
+        available here: an estimate on the high side, bounded by the retries still kept)."""
+        found = await self.read("SELECT to_regprocedure('awa.readable_queue_storage_schema()') IS NOT NULL AS f")
+        if not found[0]["f"]:
+            return {}
+        schema = (await self.read("SELECT awa.readable_queue_storage_schema() AS s"))[0]["s"]
+        if schema is None:
+            return {}
+        rows = await self.read(_QS_ESTIMATES_SQL, schema)
+        per_table: dict[str, dict[str, float]] = {}
+        for r in rows:
+            per_table.setdefault(r["tbl"], {})[r["state"]] = float(r["n"])
+        estimates = {s: n for t in ("receipts", "done_entries", "deferred_jobs") for s, n in per_table.get(t, {}).items()}
+        consumed = sum(estimates.get(s, 0.0) for s in ("completed", "failed", "cancelled"))
+        estimates["available"] = max(0.0, per_table.get("ready_entries", {}).get("available", 0.0) - consumed)
+        return {s: int(n) for s, n in estimates.items()}
 
     def _capped_counts_sql(self, states: Iterable[str]) -> str:
         return " UNION ALL ".join(
