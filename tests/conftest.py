@@ -15,24 +15,11 @@ BASE_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/po
 
 #: The storage engine the suite runs on (``AWA_ENGINE=canonical|queue_storage``; scripts/test.sh
 #: runs both legs). On ``queue_storage`` the session database has queue storage installed and
-#: emptied before each test; tests of what only canonical has are marked ``canonical_only``.
+#: emptied before each test. Every test runs on both; one that sets a state up with SQL writes
+#: to the table of the engine at hand (``ENGINE``).
 ENGINE = os.environ.get("AWA_ENGINE", "canonical")
 if ENGINE not in ("canonical", "queue_storage"):
     raise RuntimeError(f"AWA_ENGINE must be canonical or queue_storage (got {ENGINE!r})")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "canonical_only(reason): needs what queue storage does not have yet")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if ENGINE == "canonical":
-        return
-    for item in items:
-        marker = item.get_closest_marker("canonical_only")
-        if marker is not None:
-            reason = marker.args[0] if marker.args else "canonical only"
-            item.add_marker(pytest.mark.skip(reason=f"canonical only: {reason}"))
 
 
 def url_with_database(url: str, name: str) -> str:

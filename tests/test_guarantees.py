@@ -6,9 +6,8 @@ import asyncio
 import dataclasses
 import datetime as dt
 
-import pytest
-
 import awa
+from conftest import ENGINE
 from helpers import FAST, wait_for, wait_for_state
 
 
@@ -23,12 +22,25 @@ class Follow:
 
 
 async def bump_lease(client: awa.AsyncClient, job_id: int) -> None:
-    """What a rescue followed by a new claim does to the row: the old attempt's lease is gone."""
+    """What a rescue followed by a new claim does to the attempt: the old attempt's lease is
+    gone. On canonical the job's row holds the lease; on queue storage its lease row does."""
+    table = "awa.leases" if ENGINE == "queue_storage" else "awa.jobs"
     async with client.transaction() as tx:
-        await tx.execute("UPDATE awa.jobs SET run_lease = run_lease + 1 WHERE id = $1", job_id)
+        await tx.execute(f"UPDATE {table} SET run_lease = run_lease + 1 WHERE id = $1", job_id)
 
 
-@pytest.mark.canonical_only("simulates a rescue by changing the job's lease with SQL; on queue storage engine_conformance_test's rescue scenario proves it")
+async def make_available_again(client: awa.AsyncClient, job_id: int) -> None:
+    """What rescue does to a stale attempt: the job is available again while the attempt still
+    runs. On canonical, the row is set back to available directly; on queue storage (whose
+    entries are never updated) the attempt's deadline is moved into the past, so that the
+    runtime's own deadline rescue ends the lease and defers the job as retryable, due at once."""
+    async with client.transaction() as tx:
+        if ENGINE == "queue_storage":
+            await tx.execute("UPDATE awa.leases SET deadline_at = now() - interval '1 second' WHERE id = $1", job_id)
+        else:
+            await tx.execute("UPDATE awa.jobs SET state = 'available', run_at = now() WHERE id = $1", job_id)
+
+
 async def test_a_completion_for_a_superseded_lease_changes_nothing_and_inserts_no_follow_up(
     client: awa.AsyncClient,
 ) -> None:
@@ -57,7 +69,6 @@ async def test_a_completion_for_a_superseded_lease_changes_nothing_and_inserts_n
     assert await client.list_jobs(kind="follow") == [], "and inserted none of its follow-ups"
 
 
-@pytest.mark.canonical_only("simulates a rescue by changing the job's lease with SQL; on queue storage engine_conformance_test's rescue scenario proves it")
 async def test_a_reclaimed_job_runs_again_and_only_the_new_attempt_commits(client: awa.AsyncClient) -> None:
     attempts: list[int] = []
     first_running = asyncio.Event()
@@ -75,10 +86,9 @@ async def test_a_reclaimed_job_runs_again_and_only_the_new_attempt_commits(clien
     await client.start([("default", 2)], **FAST)
     try:
         await asyncio.wait_for(first_running.wait(), 10)
-        # What rescue does to a stale attempt: the job is available again, and a new claim runs
-        # it under a new lease while the first attempt still waits.
-        async with client.transaction() as tx:
-            await tx.execute("UPDATE awa.jobs SET state = 'available', run_at = now() WHERE id = $1", job.id)
+        # The job is available again, and a new claim runs it under a new lease while the first
+        # attempt still waits.
+        await make_available_again(client, job.id)
         await wait_for(lambda: 2 in attempts, timeout=15, what="the reclaimed job to run again")
         done = await wait_for_state(client, job.id, "completed")
         release_first.set()
