@@ -12,7 +12,7 @@ import sys
 
 import awa
 import pytest
-from awa.testing import HandlerJob, JobRow, NoJob, WorkResult
+from awa.testing import _QUEUE_STORAGE_JOB_TABLES, HandlerJob, JobRow, NoJob, WorkResult
 
 
 @dataclasses.dataclass
@@ -85,3 +85,65 @@ async def test_awa_client_fixture_gives_a_migrated_database_of_its_own(awa_clien
     assert "awa_test_" in awa_client.client.database_url, "a database of its own"
     await awa_client.clean()
     assert await awa_client.client.list_jobs() == []
+
+
+@dataclasses.dataclass
+class Chore:
+    n: int
+
+
+async def _fill_every_table(t: awa.testing.AwaTestClient) -> None:
+    """Jobs in the states a test leaves behind: available, scheduled, completed, failed, and
+    one holding a unique key."""
+
+    async def ok(job: awa.Job) -> None:
+        return None
+
+    async def broken(job: awa.Job) -> None:
+        raise RuntimeError("broken")
+
+    await t.insert(Chore(1))
+    await t.insert(Chore(2), run_at=dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1))
+    await t.insert(Chore(3), unique_opts={})
+    assert (await t.work_one(Chore, ok)).is_completed()
+    await t.insert(Chore(4), queue="failing", max_attempts=1)
+    assert (await t.work_one(Chore, broken, queue="failing")).outcome == "failed"
+
+
+async def _assert_clean(t: awa.testing.AwaTestClient) -> None:
+    assert await t.client.list_jobs() == []
+    again = await t.insert(Chore(3), unique_opts={})  # the key went with its job
+    assert again.state is awa.JobState.Available
+
+
+async def test_clean_empties_the_engine_at_hand(client: awa.AsyncClient) -> None:
+    t = awa.testing.AwaTestClient(client)
+    await _fill_every_table(t)
+    assert {j.state.value for j in await client.list_jobs()} == {"available", "scheduled", "completed", "failed"}
+    await t.clean()
+    await _assert_clean(t)
+
+
+async def test_clean_empties_queue_storage_in_any_schema_and_keeps_it_the_engine(empty_database: str) -> None:
+    client = awa.AsyncClient(empty_database)
+    try:
+        await client.migrate()
+        await client.install_queue_storage(schema="qs_clean", queue_slot_count=4, lease_slot_count=2)
+        t = awa.testing.AwaTestClient(client)
+        await _fill_every_table(t)
+        await t.clean()
+        await _assert_clean(t)
+        async with client.transaction() as tx:
+            state = await tx.fetch_one("SELECT current_engine, details ->> 'schema' AS schema "
+                                       "FROM awa.storage_transition_state")
+            # Every table of the schema that is not a partition is either emptied by clean()
+            # or one of the positions it keeps: a new job-holding table must join the list.
+            rows = await tx.fetch_all(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = 'qs_clean' AND c.relkind IN ('r', 'p') AND NOT c.relispartition"
+            )
+        assert (state["current_engine"], state["schema"]) == ("queue_storage", "qs_clean")
+        kept = {"queue_ring_state", "queue_ring_slots", "lease_ring_state", "lanes", "qs_substrate"}
+        assert {r["relname"] for r in rows} == kept | set(_QUEUE_STORAGE_JOB_TABLES)
+    finally:
+        await client.close()

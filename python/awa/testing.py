@@ -126,6 +126,13 @@ class WorkResult:
         return self.outcome == "no_job"
 
 
+#: The queue-storage tables that hold jobs or their unique keys (install.sql); its lanes and
+#: rings keep their positions, which no longer point at anything once these are empty.
+_QUEUE_STORAGE_JOB_TABLES = (
+    "ready_entries", "claimed_entries", "leases", "receipts", "done_entries", "deferred_jobs", "unique_keys",
+)
+
+
 class AwaTestClient:
     """Drive jobs one at a time in tests."""
 
@@ -144,8 +151,18 @@ class AwaTestClient:
         return await self.client.insert(args, **opts)
 
     async def clean(self) -> None:
-        """Delete every job, dead-lettered job and queue setting."""
-        await self.client._execute("TRUNCATE awa.canonical_jobs, awa.jobs_dlq, awa.queue_meta")
+        """Delete every job, dead-lettered job and queue setting, on either engine: canonical's
+        table and, when ``awa.jobs`` reads a queue-storage schema, that schema's jobs and unique
+        keys too. The engine new jobs go to stays as it was (awa-pg's ``clean()`` also moves the
+        database back to canonical; ours keeps a test database on the engine it was set up on).
+        Run it with no runtime working on the database, as between tests."""
+        async with self.client.transaction() as tx:
+            row = await tx.fetch_one("SELECT awa.readable_queue_storage_schema() AS s")
+            tables = ["awa.canonical_jobs", "awa.jobs_dlq", "awa.queue_meta"]
+            if row["s"] is not None:
+                schema = '"' + str(row["s"]).replace('"', '""') + '"'
+                tables += [f"{schema}.{t}" for t in _QUEUE_STORAGE_JOB_TABLES]
+            await tx.execute("TRUNCATE " + ", ".join(tables))
 
     async def work_one(self, args_type: Any, handler: Any, *, kind: Optional[str] = None, queue: str = "default") -> WorkResult:
         """Claim the next job of ``queue`` and run ``handler`` on it through the real path."""
