@@ -46,25 +46,28 @@ _STATE_PREDICATE["waiting_external"] = "callback_id IS NOT NULL AND state = 'wai
 # Text filters (state, kind, queue, tag) stay bound parameters.
 
 # Queue storage's per-table row estimates, from the statistics of each partition of its
-# partitioned tables (and of deferred_jobs, a plain table): (tbl, state, n). $1 is the schema.
-# ready_entries' row is every entry, under "available"; the caller takes the consumed away.
+# partitioned tables (and of deferred_jobs, a plain table): (tbl, state, n), for the schema
+# awa.jobs reads (no rows when it reads none). ready_entries' row is every entry, under
+# "available"; the caller takes the consumed away.
 _QS_ESTIMATES_SQL = """
-WITH parts AS (
+WITH schema AS (
+    SELECT awa.readable_queue_storage_schema() AS name
+), parts AS (
     SELECT p.relname AS tbl, c.relname AS part, greatest(c.reltuples, 0)::float8 AS n
     FROM pg_class p
-    JOIN pg_namespace ns ON ns.oid = p.relnamespace AND ns.nspname = $1
+    JOIN pg_namespace ns ON ns.oid = p.relnamespace AND ns.nspname = (SELECT name FROM schema)
     JOIN pg_inherits i ON i.inhparent = p.oid
     JOIN pg_class c ON c.oid = i.inhrelid
     WHERE p.relname IN ('ready_entries', 'receipts', 'done_entries')
     UNION ALL
     SELECT c.relname, c.relname, greatest(c.reltuples, 0)::float8
-    FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace AND ns.nspname = $1
+    FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace AND ns.nspname = (SELECT name FROM schema)
     WHERE c.relname = 'deferred_jobs'
 ), stats AS (
     SELECT s.tablename, s.attname, s.most_common_vals::text::text[] AS vals,
            s.most_common_freqs AS freqs, s.elem_count_histogram AS hist
     FROM pg_stats s
-    WHERE s.schemaname = $1 AND NOT s.inherited AND s.attname IN ('seqs', 'state')
+    WHERE s.schemaname = (SELECT name FROM schema) AND NOT s.inherited AND s.attname IN ('seqs', 'state')
 )
 SELECT p.tbl, 'available' AS state, sum(p.n) AS n FROM parts p
 WHERE p.tbl = 'ready_entries' GROUP BY p.tbl
@@ -219,17 +222,22 @@ class Ops:
     # ----- overview ---------------------------------------------------------------------
 
     async def _estimates(self) -> dict[str, int]:
-        """The planner's row estimate per state (pg_stats x reltuples); empty before ANALYZE."""
-        rows = await self.read(
-            "SELECT v.state, (v.freq * greatest(c.reltuples, 0))::bigint AS n "
-            "FROM pg_stats s CROSS JOIN pg_class c "
-            "CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS v(state, freq) "
-            "WHERE s.schemaname = 'awa' AND s.tablename = 'canonical_jobs' AND s.attname = 'state' "
-            "AND c.oid = 'awa.canonical_jobs'::regclass"
-        )
-        guesses = {r["state"]: int(r["n"]) for r in rows}
-        for state, n in (await self._queue_storage_estimates()).items():
-            guesses[state] = guesses.get(state, 0) + n
+        """The planner's row estimate per state (pg_stats x reltuples); empty before ANALYZE.
+        Canonical's table and, when ``awa.jobs`` reads one, queue storage's schema (see
+        :meth:`_queue_storage_estimates`), added up: during a transition both hold jobs."""
+        canonical, found = await self.read_many([
+            ("SELECT v.state, (v.freq * greatest(c.reltuples, 0))::bigint AS n "
+             "FROM pg_stats s CROSS JOIN pg_class c "
+             "CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS v(state, freq) "
+             "WHERE s.schemaname = 'awa' AND s.tablename = 'canonical_jobs' AND s.attname = 'state' "
+             "AND c.oid = 'awa.canonical_jobs'::regclass", []),
+            # (A schema older than migration 13 has no queue storage to read.)
+            ("SELECT to_regprocedure('awa.readable_queue_storage_schema()') IS NOT NULL AS f", []),
+        ])
+        guesses = {r["state"]: int(r["n"]) for r in canonical}
+        if found[0]["f"]:
+            for state, n in (await self._queue_storage_estimates()).items():
+                guesses[state] = guesses.get(state, 0) + n
         return guesses
 
     async def _queue_storage_estimates(self) -> dict[str, int]:
@@ -242,16 +250,11 @@ class Ops:
         available ones the ready entries left over when those consumed by a completion, a
         failure or a cancel are taken away (an entry a retry or a rescue consumed counts as
         available here: an estimate on the high side, bounded by the retries still kept)."""
-        found = await self.read("SELECT to_regprocedure('awa.readable_queue_storage_schema()') IS NOT NULL AS f")
-        if not found[0]["f"]:
-            return {}
-        schema = (await self.read("SELECT awa.readable_queue_storage_schema() AS s"))[0]["s"]
-        if schema is None:
-            return {}
-        rows = await self.read(_QS_ESTIMATES_SQL, schema)
         per_table: dict[str, dict[str, float]] = {}
-        for r in rows:
+        for r in await self.read(_QS_ESTIMATES_SQL):
             per_table.setdefault(r["tbl"], {})[r["state"]] = float(r["n"])
+        if not per_table:
+            return {}
         estimates = {s: n for t in ("receipts", "done_entries", "deferred_jobs") for s, n in per_table.get(t, {}).items()}
         consumed = sum(estimates.get(s, 0.0) for s in ("completed", "failed", "cancelled"))
         estimates["available"] = max(0.0, per_table.get("ready_entries", {}).get("available", 0.0) - consumed)
