@@ -1817,6 +1817,84 @@ async fn a_reclaimed_slot_gives_back_the_keys_of_its_finished_jobs_only() {
         .unwrap();
 }
 
+/// `(id, state, errors)` of the jobs in queue storage's view, by id.
+async fn history(db: &TestDb, ids: &[i64]) -> Vec<(i64, String, serde_json::Value)> {
+    sqlx::query_as("SELECT id, state, errors FROM awa_qs.qs_jobs WHERE id = ANY($1) ORDER BY id")
+        .bind(ids)
+        .fetch_all(db.pool.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn failed_and_cancelled_jobs_outlive_their_slot_for_their_own_retention() {
+    let db = TestDb::new().await;
+    let qs = installed(&db, 2, 2).await;
+    let (queue, priority) = LANE;
+    let ids = qs
+        .enqueue(db.pool.pool(), &jobs(queue, priority, 3, "r"))
+        .await
+        .unwrap();
+    let c = qs.claim(&db.pool, queue, priority, 3).await.unwrap();
+    let boom = json!([{"attempt": 1, "error": "boom"}]);
+    let finishes = [
+        Finish::Completed,
+        Finish::Failed {
+            error: boom[0].clone(),
+        },
+        Finish::Cancelled {
+            error: json!({"attempt": 1, "error": "cancelled: by test"}),
+        },
+    ];
+    for (job, finish) in c.iter().zip(&finishes) {
+        assert!(qs
+            .finalize(&db.pool, job.id, job.run_lease, finish)
+            .await
+            .unwrap());
+    }
+    // A ring of two slots: every pass reclaims the slot the jobs are in. Completed history
+    // older than its retention (none) goes with it; failed and cancelled jobs within theirs
+    // (an hour) are carried into the other slot, pass after pass, unchanged.
+    let mut carried = 0;
+    for _ in 0..4 {
+        let (n, _) = qs
+            .rotate_queue_ring(&db.pool, Duration::ZERO, Duration::from_secs(3600))
+            .await
+            .unwrap();
+        carried += n.unwrap_or(0);
+    }
+    assert!(carried >= 4, "carried at least twice: {carried}");
+    let kept = history(&db, &ids).await;
+    assert_eq!(
+        kept.iter()
+            .map(|(id, state, _)| (*id, state.as_str()))
+            .collect::<Vec<_>>(),
+        vec![(ids[1], "failed"), (ids[2], "cancelled")]
+    );
+    assert_eq!(kept[0].2[0]["error"], "boom");
+    // A carried failed job is still a failed job: a retry finds it.
+    assert_eq!(
+        qs.retry(db.pool.pool(), ids[1]).await.unwrap().as_deref(),
+        Some("retried")
+    );
+    assert_eq!(history(&db, &ids[1..2]).await[0].1, "available");
+    // Past their retention they go with the slot, as canonical's pruning deletes them.
+    for _ in 0..2 {
+        qs.rotate_queue_ring(&db.pool, Duration::ZERO, Duration::ZERO)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        history(&db, &ids)
+            .await
+            .iter()
+            .map(|(id, state, _)| (*id, state.clone()))
+            .collect::<Vec<_>>(),
+        vec![(ids[1], "available".to_string())],
+        "the cancelled job is gone; the retried one is live and carried"
+    );
+}
+
 #[tokio::test]
 async fn priority_aging_lets_an_old_low_priority_lane_go_first() {
     let db = TestDb::new().await;

@@ -160,7 +160,10 @@ async fn queue_storage_duties(
         }
     }
     if due(5, config.queue_rotate_interval) {
-        if let Err(e) = qs.rotate_queue_ring(pool, config.completed_retention).await {
+        if let Err(e) = qs
+            .rotate_queue_ring(pool, config.completed_retention, config.failed_retention)
+            .await
+        {
             tracing::warn!(error = %e, "queue ring rotation failed");
         }
     }

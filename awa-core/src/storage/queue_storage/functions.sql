@@ -1029,15 +1029,15 @@ BEGIN
     RETURN nxt;
 END $$;
 
--- Whether a queue slot holds history (receipts, failed or cancelled attempts) finalized within
--- the last p_retention: such a slot is not reclaimed yet.
+-- Whether a queue slot holds completion receipts finalized within the last p_retention: such
+-- a slot is not reclaimed yet. (Failed and cancelled jobs do not hold a slot: the reclaim
+-- carries those within their own retention forward.)
 CREATE FUNCTION {s}.qs_slot_young(p_slot integer, p_retention interval)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     young boolean;
 BEGIN
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM {s}.receipts_%1$s WHERE finalized_at > now() - $1)'
-                   ' OR EXISTS (SELECT 1 FROM {s}.done_entries_%1$s WHERE finalized_at > now() - $1)', p_slot)
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM {s}.receipts_%1$s WHERE finalized_at > now() - $1)', p_slot)
         INTO young USING p_retention;
     RETURN young;
 END $$;
@@ -1045,9 +1045,11 @@ END $$;
 -- Reclaim the oldest queue slot (the one after the current): in one transaction holding
 -- ACCESS EXCLUSIVE on its children, carry forward what is still live into the current slot
 -- (unconsumed entries with a new seq; entries of open leases as consumed, the lease pointed at
--- the copy), then TRUNCATE. Refused (NULL) while the slot is current or its completed history
--- is younger than p_retention. Returns the number of entries carried forward.
-CREATE FUNCTION {s}.qs_reclaim_queue(p_retention interval)
+-- the copy) and the failed and cancelled jobs finalized within p_failed_retention (their
+-- entries as consumed, their done entries pointed at the copies; NULL: p_retention), then
+-- TRUNCATE. Refused (NULL) while the slot is current or its completed history is younger than
+-- p_retention. Returns the number of entries carried forward.
+CREATE FUNCTION {s}.qs_reclaim_queue(p_retention interval, p_failed_retention interval DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     st {s}.queue_ring_state;
@@ -1147,6 +1149,37 @@ BEGIN
             RETURNING 1
         )
         SELECT count(*) FROM moved$f$, old) INTO n USING cur.slot, cur.generation;
+    carried := carried + n;
+
+    -- Failed and cancelled jobs within their retention (canonical keeps them that long too):
+    -- the entry appended again as consumed and the done entry written again against the copy,
+    -- in one statement. Older ones go with the slot, as canonical's pruning deletes them.
+    EXECUTE format($f$
+        WITH kept AS (
+            SELECT nextval('{s}.qs_seq') AS nseq, d.state AS d_state, d.errors AS d_errors,
+                   d.finalized_at AS d_finalized_at, d.ran AS d_ran, d.progress AS d_progress, e.*
+            FROM {s}.done_entries_%1$s d JOIN {s}.ready_entries_%1$s e ON e.seq = d.seq
+            WHERE d.finalized_at > now() - $3
+        ), copy AS (
+            INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
+                attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
+                unique_key, unique_states, ordering_key, progress)
+            SELECT $1, $2, k.queue, k.priority, k.nseq, k.id, k.kind, k.args, k.attempt,
+                   k.max_attempts, k.run_lease, k.run_at, k.created_at, k.metadata, k.tags,
+                   k.errors, k.unique_key, k.unique_states, k.ordering_key, k.progress
+            FROM kept k
+        ), mark AS (
+            INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
+            SELECT $1, k.queue, k.priority, k.nseq FROM kept k
+        ), done AS (
+            INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, ran,
+                                          progress)
+            SELECT $1, $2, k.nseq, k.d_state, k.d_errors, k.d_finalized_at, k.d_ran, k.d_progress
+            FROM kept k
+            RETURNING 1
+        )
+        SELECT count(*) FROM done$f$, old)
+        INTO n USING cur.slot, cur.generation, coalesce(p_failed_retention, p_retention);
     carried := carried + n;
 
     -- Unique keys of jobs that live nowhere else (their history leaves with the slot) are

@@ -31,7 +31,7 @@ const FUNCTIONS_SQL: &str = include_str!("functions.sql");
 /// substrate installed before the table existed is version 1) replaces every function, so a
 /// fix there reaches databases installed before it without `reset=True`. One that finds a
 /// newer version (a newer library's) leaves it alone.
-pub const SUBSTRATE_VERSION: i32 = 6;
+pub const SUBSTRATE_VERSION: i32 = 7;
 /// Operator actions and the test harness's claim, and external callbacks' resolution:
 /// replaced at every install call (so a substrate installed before one of them existed gets
 /// it).
@@ -1086,11 +1086,11 @@ impl QueueStorage {
     }
 
     /// One maintenance pass of the rings: reclaim the oldest queue slot if its history is
-    /// older than `retention` (carrying forward what is live), then move the queue ring on if
-    /// the next slot is empty, then truncate empty lease slots and move the lease ring on.
-    /// Each step is its own transaction.
+    /// older than `retention` (carrying forward what is live, and failed or cancelled jobs
+    /// younger than `retention`), then move the queue ring on if the next slot is empty, then
+    /// truncate empty lease slots and move the lease ring on. Each step is its own transaction.
     pub async fn rotate(&self, pool: &Db, retention: Duration) -> Result<Rotation> {
-        let (carried, queue_slot) = self.rotate_queue_ring(pool, retention).await?;
+        let (carried, queue_slot) = self.rotate_queue_ring(pool, retention, retention).await?;
         let lease_slot = self.rotate_leases(pool).await?;
         Ok(Rotation {
             carried,
@@ -1099,19 +1099,25 @@ impl QueueStorage {
         })
     }
 
-    /// The queue ring's part of [`Self::rotate`]: the reclaim's carried count (`None` when
-    /// nothing was reclaimed) and the new current slot (`None` when the ring did not move).
+    /// The queue ring's part of [`Self::rotate`], with each history's own retention: the
+    /// oldest slot is reclaimed once its completion receipts are older than `completed`, and
+    /// its failed and cancelled jobs younger than `failed` are carried forward (so they are
+    /// kept as long as canonical keeps them, without holding the slot). Returns the reclaim's
+    /// carried count (`None` when nothing was reclaimed) and the new current slot (`None` when
+    /// the ring did not move).
     pub async fn rotate_queue_ring(
         &self,
         pool: &Db,
-        retention: Duration,
+        completed: Duration,
+        failed: Duration,
     ) -> Result<(Option<i64>, Option<i32>)> {
         let reclaim = format!(
-            "SELECT {}(make_interval(secs => $1))",
+            "SELECT {}(make_interval(secs => $1), make_interval(secs => $2))",
             self.name("qs_reclaim_queue")
         );
         let carried: Option<i64> = sqlx::query_scalar(&reclaim)
-            .bind(retention.as_secs_f64())
+            .bind(completed.as_secs_f64())
+            .bind(failed.as_secs_f64())
             .fetch_one(pool)
             .await?;
         let rotate = format!("SELECT {}()", self.name("qs_rotate_queue"));
