@@ -423,3 +423,55 @@ async def test_an_older_librarys_functions_are_replaced_by_migrate_and_jobs_run_
             await worker.shutdown()
             await worker.close()
         assert seen == [7]
+
+
+async def test_a_canonical_job_retried_after_the_move_goes_to_queue_storage_and_runs(qdb: str) -> None:
+    from helpers import fail_jobs
+
+    seen: list[int] = []
+    client = _worker(qdb, seen, "old")
+    try:
+        # Failed on canonical, before queue storage took new jobs (finished jobs do not stop
+        # the install); a runtime on queue storage no longer works canonical's table.
+        jobs = [await client.insert(Work(n), queue="old") for n in (1, 2, 3)]
+        keyed = await client.insert(Work(4), queue="old", unique_opts={})
+        await fail_jobs(client, [j.id for j in jobs] + [keyed.id])
+        await client.install_queue_storage()
+        retried = await client.retry(jobs[0].id)
+        assert (retried.id, retried.state) == (jobs[0].id, "available")
+        again = await client.retry_failed(queue="old")
+        assert sorted(j.id for j in again.jobs) == [jobs[1].id, jobs[2].id, keyed.id] and again.matched == 3
+        assert await _canonical_count(client) == 0, "every retried job left canonical's table"
+        # Its unique key went with it: held on queue storage now.
+        with pytest.raises(awa.UniqueConflict):
+            await client.insert(Work(4), queue="old", unique_opts={})
+        await client.start([("old", 4)], **FAST)
+        await wait_for(lambda: sorted(seen) == [1, 2, 3, 4], what="the retried jobs to run on queue storage")
+        await client.shutdown()
+        assert {j.state for j in await client.list_jobs(queue="old")} == {"completed"}
+    finally:
+        await client.close()
+
+
+async def test_a_retry_whose_unique_key_was_taken_meanwhile_is_a_unique_conflict(qdb: str) -> None:
+    from helpers import fail_jobs
+
+    async with awa.AsyncClient(qdb) as client:
+        # On canonical, a canonical job; then on queue storage, a job of its own: both refuse
+        # typed and change nothing.
+        for step in ("canonical", "queue_storage"):
+            if step == "queue_storage":
+                await client.install_queue_storage()
+            old = await client.insert(Work(5), kind=f"k_{step}", unique_opts={})
+            await client.cancel(old.id)
+            taker = await client.insert(Work(5), kind=f"k_{step}", unique_opts={})
+            with pytest.raises(awa.UniqueConflict, match=f"k_{step}"):
+                await client.retry(old.id)
+            assert (await client.get_job(old.id)).state == "cancelled"
+            assert (await client.get_job(taker.id)).state == "available"
+            await fail_jobs(client, [taker.id])
+            taken = await client.insert(Work(5), kind=f"k_{step}", unique_opts={})
+            with pytest.raises(awa.UniqueConflict):
+                await client.retry_failed(kind=f"k_{step}")
+            assert (await client.get_job(taker.id)).state == "failed", "nothing retried"
+            await client.cancel(taken.id)

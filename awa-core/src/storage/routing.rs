@@ -321,11 +321,38 @@ pub async fn cancel_by_unique_key(db: &Db, key: &[u8]) -> Result<Option<JobRow>>
     }
 }
 
-/// Retry a job now on whichever engine holds it (see [`admin::retry`]).
+/// Retry a job now on whichever engine holds it (see [`admin::retry`]). A job of canonical's
+/// retried while new jobs go to queue storage moves there (a runtime on queue storage no
+/// longer works canonical's table), as a DLQ revive does. A unique key another job holds
+/// meanwhile is refused as an insert's is ([`AwaError::UniqueConflict`]), changing nothing.
 pub async fn retry(db: &Db, id: i64) -> Result<JobRow> {
-    match admin::retry(db, id).await {
-        Err(AwaError::JobNotFound(_)) => {}
-        other => return other,
+    match retry_anywhere(db, id).await {
+        Err(AwaError::Database(e)) if crate::error::is_unique_conflict(&e) => {
+            let kind = get_job(db, id).await.map(|j| j.kind).unwrap_or_default();
+            Err(AwaError::UniqueConflict { kind })
+        }
+        other => other,
+    }
+}
+
+async fn retry_anywhere(db: &Db, id: i64) -> Result<JobRow> {
+    let to = route(db).await?;
+    let mut tx = db.begin().await?;
+    match admin::retry(&mut *tx, id).await {
+        Err(AwaError::JobNotFound(_)) => tx.rollback().await?,
+        Err(e) => return Err(e),
+        Ok(job) => {
+            let job = match &to {
+                Route::QueueStorage(qs) => {
+                    let moved = moved_in(&mut tx, qs, &[id]).await?;
+                    let id = moved.first().copied().ok_or(AwaError::JobNotFound(id))?;
+                    qs.job(&mut *tx, id).await?
+                }
+                Route::Canonical => job,
+            };
+            tx.commit().await?;
+            return Ok(job);
+        }
     }
     let Some(qs) = readable_queue_storage(db).await? else {
         return Err(AwaError::JobNotFound(id));
@@ -341,15 +368,95 @@ pub async fn retry(db: &Db, id: i64) -> Result<JobRow> {
     Ok(job)
 }
 
+/// Move canonical jobs a retry just made available (`ids`) into queue storage `qs`, in the
+/// caller's transaction: each becomes a ready entry of the current slot with the same id,
+/// attempt, lease, errors and progress, and takes its unique key there (refused, the whole
+/// transaction with it, when a live job of queue storage holds it). Returns the ids moved.
+async fn moved_in(tx: &mut PgConnection, qs: &QueueStorage, ids: &[i64]) -> Result<Vec<i64>> {
+    // The current slot in a statement of its own (it takes the ring's lock first).
+    let (slot, generation): (i32, i64) = sqlx::query_as(&format!(
+        "SELECT slot, generation FROM {}.qs_current_slot()",
+        qs.schema()
+    ))
+    .fetch_one(&mut *tx)
+    .await?;
+    let (moved, queues): (Vec<i64>, Vec<String>) = sqlx::query_as(&format!(
+        "WITH moved AS (
+             DELETE FROM awa.canonical_jobs WHERE id = ANY($1) AND state = 'available' RETURNING *
+         ), ready AS (
+             INSERT INTO {s}.ready_entries (slot, generation, queue, priority, id, kind, args,
+                 attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
+                 unique_key, unique_states, ordering_key, progress)
+             SELECT $2, $3, m.queue, m.priority, m.id, m.kind, m.args, m.attempt, m.max_attempts,
+                    m.run_lease, m.run_at, m.created_at, m.metadata, m.tags, m.errors,
+                    m.unique_key, m.unique_states, m.ordering_key, m.progress
+             FROM (SELECT * FROM moved ORDER BY id) m
+             RETURNING id, queue
+         )
+         SELECT coalesce(array_agg(id ORDER BY id), '{{}}'),
+                coalesce(array_agg(DISTINCT queue), '{{}}')
+         FROM ready",
+        s = qs.schema()
+    ))
+    .bind(ids)
+    .bind(slot)
+    .bind(generation)
+    .fetch_one(&mut *tx)
+    .await?;
+    sqlx::query(&format!(
+        "SELECT {s}.qs_take_key(e.unique_key, e.id, e.unique_states, 'available')
+         FROM {s}.ready_entries e
+         WHERE e.slot = $2 AND e.id = ANY($1) AND e.unique_key IS NOT NULL",
+        s = qs.schema()
+    ))
+    .bind(&moved)
+    .bind(slot)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("SELECT pg_notify(awa.queue_channel(q), '') FROM unnest($1::text[]) AS q")
+        .bind(&queues)
+        .execute(&mut *tx)
+        .await?;
+    Ok(moved)
+}
+
 /// Retry the failed jobs of a kind and/or queue on both engines (see
-/// [`admin::retry_failed`]); the jobs come back in id order.
+/// [`admin::retry_failed`]); the jobs come back in id order. Canonical's move to queue storage
+/// when new jobs go there, as [`retry`]'s do. A unique key another job holds meanwhile refuses
+/// the whole call ([`AwaError::UniqueConflict`]; nothing is retried).
 pub async fn retry_failed(
     db: &Db,
     kind: Option<&str>,
     queue: Option<&str>,
     allow_all: bool,
 ) -> Result<admin::RetriedFailed> {
-    let mut out = admin::retry_failed(db, kind, queue, allow_all).await?;
+    match retry_failed_anywhere(db, kind, queue, allow_all).await {
+        Err(AwaError::Database(e)) if crate::error::is_unique_conflict(&e) => {
+            Err(AwaError::UniqueConflict {
+                kind: kind.unwrap_or_default().to_string(),
+            })
+        }
+        other => other,
+    }
+}
+
+async fn retry_failed_anywhere(
+    db: &Db,
+    kind: Option<&str>,
+    queue: Option<&str>,
+    allow_all: bool,
+) -> Result<admin::RetriedFailed> {
+    let to = route(db).await?;
+    let mut tx = db.begin().await?;
+    let mut out = admin::retry_failed(&mut *tx, kind, queue, allow_all).await?;
+    if let Route::QueueStorage(qs) = &to {
+        if !out.jobs.is_empty() {
+            let ids: Vec<i64> = out.jobs.iter().map(|j| j.id).collect();
+            let moved = moved_in(&mut tx, qs, &ids).await?;
+            out.jobs = qs.jobs_by_id(&mut *tx, &moved).await?;
+        }
+    }
+    tx.commit().await?;
     let Some(qs) = readable_queue_storage(db).await? else {
         return Ok(out);
     };
