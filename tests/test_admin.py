@@ -377,3 +377,16 @@ def test_a_call_after_close_raises_without_leaking_a_coroutine(database_url: str
         warnings.simplefilter("error")  # a never-awaited coroutine would warn
         with pytest.raises(awa.DatabaseError, match="closed"):
             c.get_job(1)
+
+
+async def test_a_cancel_records_no_error_and_keeps_the_last_one(client: awa.AsyncClient) -> None:
+    fresh = await client.insert(Chore(n=1))
+    assert (await client.cancel(fresh.id)).state == "cancelled"
+    assert (await client.get_job(fresh.id)).errors == [], "a job that never ran has no error"
+    # Failed, retried, then cancelled before it ran again: its error is still the failure's.
+    ran = await client.insert(Chore(n=2))
+    await fail_jobs(client, [ran.id], error="broken")
+    await client.retry(ran.id)
+    await client.cancel(ran.id)
+    job = await client.get_job(ran.id)
+    assert job.state == "cancelled" and [e["error"] for e in job.errors] == ["broken"]

@@ -32,7 +32,10 @@ async def test_parked_job_completed_failed_or_retried_externally(client: awa.Asy
     await client.start([("default", 1)], **FAST)
     try:
         for j in jobs:
-            await wait_for_state(client, j.id, "waiting_external")
+            parked = await wait_for_state(client, j.id, "waiting_external")
+            # Parked: no heartbeat and no deadline (the callback's timeout rules it), on
+            # either engine.
+            assert (parked.heartbeat_at, parked.deadline) == (None, None)
         await wait_for(lambda: len(tokens) == 3, what="three tokens")
         done = await client.complete_external(tokens[0], {"ok": True})
         assert done.state == "completed"

@@ -147,6 +147,27 @@ def test_stats_estimate_past_the_cap(api: Api, sync_client: awa.Client) -> None:
     assert stats["last_hour_capped"] == ["completed"] and stats["last_hour"]["completed"] == COUNT_CAP
 
 
+def test_stats_estimate_running_past_the_cap(api: Api, sync_client: awa.Client) -> None:
+    from awa._ops import COUNT_CAP
+
+    n = COUNT_CAP * 3 // 2
+    run = sync_client._run
+    if ENGINE == "canonical":
+        run(sync_client._async._execute(
+            "INSERT INTO awa.jobs (kind, state, attempt, attempted_at, heartbeat_at, deadline_at) "
+            "SELECT 'held', 'running', 1, now(), now(), now() + interval '1 hour' FROM generate_series(1, $1::int)", n))
+        run(sync_client._async._execute("ANALYZE awa.canonical_jobs"))
+    else:
+        # Queue storage's running jobs are leases: taken by one claim of every job.
+        assert run(sync_client._async.enqueue_many_copy([{"i": i} for i in range(n)], kind="held")) == n
+        run(sync_client._async._execute("SELECT count(*) FROM awa.qs_claim_queue('default', $1::int)", n))
+        run(sync_client._async._execute("ANALYZE awa.leases, awa.ready_entries"))
+    stats = api.get("/api/stats")
+    assert stats["estimated"] == ["running"]
+    assert n * 0.8 <= stats["counts"]["running"] <= n * 1.2, stats["counts"]  # the planner's estimate
+    assert stats["counts"]["available"] == 0, "leased entries are not available"
+
+
 def test_jobs_list_filters_paging_and_detail(api: Api, sync_client: awa.Client) -> None:
     ids = insert(sync_client, 3, queue="q1", tags=["red"])
     other = insert(sync_client, 1, kind="other", queue="q2")[0]
@@ -558,3 +579,46 @@ def test_a_call_after_the_loop_stopped_is_refused_and_its_coroutine_closed() -> 
         del coro
         gc.collect()
     assert not [w for w in caught if "never awaited" in str(w.message)]
+
+
+def test_copy_inserts_and_rescues_are_counted_on_either_engine(database_url: str) -> None:
+    from helpers import FAST, wait_for
+
+    async def body() -> None:
+        client = awa.AsyncClient(database_url)
+        started = asyncio.Event()
+        release = asyncio.Event()
+
+        @client.task(dict, kind="held_metrics")
+        async def held(job: Any) -> None:
+            started.set()
+            await release.wait()
+
+        server = awa.serve_metrics(client, port=0)
+        try:
+            def count(family: str, kind: str) -> float:
+                with urllib.request.urlopen(server.url, timeout=30) as resp:
+                    text = resp.read().decode()
+                return sum(float(s.value) for f in text_string_to_metric_families(text) if f.name == family
+                           for s in f.samples if s.labels.get("kind") == kind and s.name == family + "_total")
+
+            before = count("awa_jobs_inserted", "copied_metrics")
+            assert await client.enqueue_many_copy([{"n": i} for i in range(3)], kind="copied_metrics") == 3
+            assert count("awa_jobs_inserted", "copied_metrics") == before + 3
+
+            job = await client.insert({}, kind="held_metrics")
+            await client.start([("default", 1)], **FAST)
+            await asyncio.wait_for(started.wait(), 10)
+            # The attempt's deadline moved into the past where its engine keeps it: the
+            # runtime's deadline rescue takes the job back.
+            table = "awa.leases" if ENGINE == "queue_storage" else "awa.jobs"
+            async with client.transaction() as tx:
+                await tx.execute(f"UPDATE {table} SET deadline_at = now() - interval '1 second' WHERE id = $1", job.id)
+            await wait_for(lambda: count("awa_jobs_rescued", "held_metrics") >= 1, timeout=20, what="a rescue counted")
+        finally:
+            release.set()
+            server.close()
+            await client.shutdown()
+            await client.close()
+
+    asyncio.run(body())

@@ -58,7 +58,7 @@ WITH schema AS (
     JOIN pg_namespace ns ON ns.oid = p.relnamespace AND ns.nspname = (SELECT name FROM schema)
     JOIN pg_inherits i ON i.inhparent = p.oid
     JOIN pg_class c ON c.oid = i.inhrelid
-    WHERE p.relname IN ('ready_entries', 'receipts', 'done_entries')
+    WHERE p.relname IN ('ready_entries', 'receipts', 'done_entries', 'leases')
     UNION ALL
     SELECT c.relname, c.relname, greatest(c.reltuples, 0)::float8
     FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace AND ns.nspname = (SELECT name FROM schema)
@@ -67,7 +67,8 @@ WITH schema AS (
     SELECT s.tablename, s.attname, s.most_common_vals::text::text[] AS vals,
            s.most_common_freqs AS freqs, s.elem_count_histogram AS hist
     FROM pg_stats s
-    WHERE s.schemaname = (SELECT name FROM schema) AND NOT s.inherited AND s.attname IN ('seqs', 'state')
+    WHERE s.schemaname = (SELECT name FROM schema) AND NOT s.inherited
+      AND s.attname IN ('seqs', 'state', 'waiting')
 )
 SELECT p.tbl, 'available' AS state, sum(p.n) AS n FROM parts p
 WHERE p.tbl = 'ready_entries' GROUP BY p.tbl
@@ -80,6 +81,12 @@ SELECT p.tbl, v.state, sum(p.n * v.freq) FROM parts p
 JOIN stats st ON st.tablename = p.part AND st.attname = 'state'
 CROSS JOIN LATERAL unnest(st.vals, st.freqs) AS v(state, freq)
 WHERE p.tbl IN ('done_entries', 'deferred_jobs') GROUP BY p.tbl, v.state
+UNION ALL
+SELECT p.tbl, CASE WHEN v.waiting = 't' THEN 'waiting_external' ELSE 'running' END, sum(p.n * v.freq)
+FROM parts p
+JOIN stats st ON st.tablename = p.part AND st.attname = 'waiting'
+CROSS JOIN LATERAL unnest(st.vals, st.freqs) AS v(waiting, freq)
+WHERE p.tbl = 'leases' GROUP BY 1, 2
 """
 
 _JOB_COLUMNS = (
@@ -246,17 +253,18 @@ class Ops:
         autovacuum keeps (it never analyzes a partitioned table as a whole): completed jobs
         are receipts' rows times their average number of seqs (``elem_count_histogram``'s
         last value), failed and cancelled ones are ``done_entries`` by their ``state``'s
-        frequencies, scheduled and retryable ones ``deferred_jobs`` the same way, and
-        available ones the ready entries left over when those consumed by a completion, a
-        failure or a cancel are taken away (an entry a retry or a rescue consumed counts as
+        frequencies, scheduled and retryable ones ``deferred_jobs`` the same way, running and
+        waiting ones the leases by ``waiting``, and available ones the ready entries left over
+        when those consumed by a completion, a failure, a cancel or a lease are taken away (an entry a retry or a rescue consumed counts as
         available here: an estimate on the high side, bounded by the retries still kept)."""
         per_table: dict[str, dict[str, float]] = {}
         for r in await self.read(_QS_ESTIMATES_SQL):
             per_table.setdefault(r["tbl"], {})[r["state"]] = float(r["n"])
         if not per_table:
             return {}
-        estimates = {s: n for t in ("receipts", "done_entries", "deferred_jobs") for s, n in per_table.get(t, {}).items()}
-        consumed = sum(estimates.get(s, 0.0) for s in ("completed", "failed", "cancelled"))
+        estimates = {s: n for t in ("receipts", "done_entries", "deferred_jobs", "leases")
+                     for s, n in per_table.get(t, {}).items()}
+        consumed = sum(estimates.get(s, 0.0) for s in ("completed", "failed", "cancelled", "running", "waiting_external"))
         estimates["available"] = max(0.0, per_table.get("ready_entries", {}).get("available", 0.0) - consumed)
         return {s: int(n) for s, n in estimates.items()}
 

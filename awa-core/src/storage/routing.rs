@@ -164,7 +164,14 @@ pub async fn copy_in(
         (Route::Canonical, true) => crate::storage::copy::insert_many_copy_returning(conn, jobs)
             .await
             .map(Copied::Rows),
-        (Route::QueueStorage(qs), false) => qs.enqueue_copy(conn, jobs).await.map(Copied::Count),
+        (Route::QueueStorage(qs), false) => qs.enqueue_copy(conn, jobs).await.map(|n| {
+            // (canonical's COPY records its own)
+            crate::metrics::series::record_each(
+                jobs.iter().map(|j| (j.kind.as_str(), j.queue.as_str())),
+                crate::metrics::series::JobEvent::Inserted,
+            );
+            Copied::Count(n)
+        }),
         (Route::QueueStorage(qs), true) => enqueue_rows(conn, &qs, jobs).await.map(Copied::Rows),
     };
     settle(db, result)

@@ -84,7 +84,11 @@ CREATE OR REPLACE VIEW {s}.qs_jobs AS
     UNION ALL
     SELECT e.id, e.kind, e.queue, e.args,
            CASE WHEN l.waiting THEN 'waiting_external' ELSE 'running' END,
-           e.priority, l.attempt, e.max_attempts, e.run_at, l.heartbeat_at, l.deadline_at,
+           -- A parked attempt shows no heartbeat or deadline, as canonical's (its lease keeps
+           -- them, unused while it waits: the callback's timeout rules it).
+           e.priority, l.attempt, e.max_attempts, e.run_at,
+           CASE WHEN l.waiting THEN NULL ELSE l.heartbeat_at END,
+           CASE WHEN l.waiting THEN NULL ELSE l.deadline_at END,
            l.attempted_at, NULL, e.created_at, e.errors,
            -- A payload delivered to a handler waiting in-process shows as canonical shows it.
            CASE WHEN l.callback_result IS NULL THEN e.metadata
@@ -760,15 +764,15 @@ DECLARE
     e {s}.ready_entries;
     d {s}.deferred_jobs;
     cur record;
-    reason jsonb;
 BEGIN
-    reason := jsonb_build_object('at', now(), 'error', 'cancelled: by request');
+    -- A cancel records no error (canonical's keeps `errors` as they were): the job's last
+    -- error stays the one its attempts show.
     -- Parked on a callback: the lease goes, the attempt is cancelled.
     DELETE FROM {s}.leases x WHERE x.id = p_id AND x.waiting RETURNING x.* INTO l;
     IF FOUND THEN
         INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, progress)
         SELECT l.slot, l.generation, l.seq, 'cancelled',
-               y.errors || jsonb_build_array(reason || jsonb_build_object('attempt', l.attempt)),
+               y.errors,
                now(), l.progress
         FROM {s}.ready_entries y
         WHERE y.slot = l.slot AND y.queue = l.queue AND y.priority = l.priority AND y.seq = l.seq;
@@ -802,7 +806,7 @@ BEGIN
         INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, ran,
                                       progress)
         SELECT i.slot, i.generation, i.seq, 'cancelled',
-               i.errors || jsonb_build_array(reason || jsonb_build_object('attempt', i.attempt)),
+               i.errors,
                now(), false, i.progress
         FROM ins i;
         RETURN 'cancelled';
@@ -826,7 +830,7 @@ BEGIN
             INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, ran,
                                           progress)
             VALUES (e.slot, e.generation, e.seq, 'cancelled',
-                    e.errors || jsonb_build_array(reason || jsonb_build_object('attempt', e.attempt)),
+                    e.errors,
                     now(), false, e.progress);
             RETURN 'cancelled';
         END IF;
@@ -909,9 +913,10 @@ END $$;
 -- Rescue: running attempts whose heartbeat is older than p_stale or whose deadline has passed,
 -- and callbacks past their timeout, lose their lease (so a late completion of that attempt
 -- finds no guard); their jobs are deferred as retryable, or failed when out of attempts, or
--- cancelled when a cancel was requested while they ran. Returns the ids rescued.
+-- cancelled when a cancel was requested while they ran. Returns the jobs rescued (with their
+-- kind and queue, for the metrics).
 CREATE FUNCTION {s}.qs_rescue(p_stale interval)
-RETURNS SETOF bigint LANGUAGE sql AS $$
+RETURNS TABLE (id bigint, kind text, queue text) LANGUAGE sql AS $$
     WITH gone AS (
         DELETE FROM {s}.leases l
         WHERE (NOT l.waiting AND (l.heartbeat_at < now() - p_stale OR l.deadline_at < now()))
@@ -943,7 +948,7 @@ RETURNS SETOF bigint LANGUAGE sql AS $$
                r.errors, now(), r.progress
         FROM rows r WHERE r.attempt >= r.max_attempts OR r.cancel
     )
-    SELECT r.id FROM rows r
+    SELECT r.id, r.kind, r.queue FROM rows r
 $$;
 
 -- Promote due deferred jobs: delete them and append a ready entry each (same id, attempt and

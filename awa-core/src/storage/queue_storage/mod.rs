@@ -1049,14 +1049,15 @@ impl QueueStorage {
             self.name("qs_rescue")
         );
         let mut tx = pool.begin().await?;
-        let ids: Vec<i64> = sqlx::query_scalar(&sql)
+        let rescued: Vec<(i64, String, String)> = sqlx::query_as(&sql)
             .bind(stale.as_secs_f64())
             .fetch_all(&mut *tx)
             .await?;
-        if ids.is_empty() {
+        if rescued.is_empty() {
             tx.rollback().await?;
-            return Ok(ids);
+            return Ok(Vec::new());
         }
+        let ids: Vec<i64> = rescued.iter().map(|(id, ..)| *id).collect();
         if specs.has_any(SpecEvent::Exhausted) || specs.has_any(SpecEvent::Cancelled) {
             let mut follow_ups = Vec::new();
             for job in self.jobs_by_id(&mut *tx, &ids).await? {
@@ -1076,6 +1077,10 @@ impl QueueStorage {
         // in the same transaction (as canonical's rescue), with the rescue's reason.
         self.move_to_dlq(&mut *tx, &ids, None, true).await?;
         tx.commit().await?;
+        crate::metrics::series::record_each(
+            rescued.iter().map(|(_, k, q)| (k.as_str(), q.as_str())),
+            crate::metrics::series::JobEvent::Rescued,
+        );
         Ok(ids)
     }
 
