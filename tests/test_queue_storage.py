@@ -474,4 +474,12 @@ async def test_a_retry_whose_unique_key_was_taken_meanwhile_is_a_unique_conflict
             with pytest.raises(awa.UniqueConflict):
                 await client.retry_failed(kind=f"k_{step}")
             assert (await client.get_job(taker.id)).state == "failed", "nothing retried"
-            await client.cancel(taken.id)
+            if step == "canonical":
+                await client.cancel(taken.id)
+                canonical_failed = taker.id
+        # Failed jobs on both engines, one of them blocked by its key: one call, nothing
+        # retried on either (the canonical one would have moved to queue storage).
+        with pytest.raises(awa.UniqueConflict):
+            await client.retry_failed(queue="default")
+        assert (await client.get_job(canonical_failed)).state == "failed"
+        assert await _canonical_count(client) >= 1, "the canonical failed job did not move"

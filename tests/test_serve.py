@@ -165,7 +165,6 @@ def test_stats_estimate_running_past_the_cap(api: Api, sync_client: awa.Client) 
     stats = api.get("/api/stats")
     assert stats["estimated"] == ["running"]
     assert n * 0.8 <= stats["counts"]["running"] <= n * 1.2, stats["counts"]  # the planner's estimate
-    assert stats["counts"]["available"] == 0, "leased entries are not available"
 
 
 def test_jobs_list_filters_paging_and_detail(api: Api, sync_client: awa.Client) -> None:

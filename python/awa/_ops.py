@@ -228,10 +228,12 @@ class Ops:
 
     # ----- overview ---------------------------------------------------------------------
 
-    async def _estimates(self) -> dict[str, int]:
+    async def _estimates(self) -> tuple[dict[str, int], set[str]]:
         """The planner's row estimate per state (pg_stats x reltuples); empty before ANALYZE.
         Canonical's table and, when ``awa.jobs`` reads one, queue storage's schema (see
-        :meth:`_queue_storage_estimates`), added up: during a transition both hold jobs."""
+        :meth:`_queue_storage_estimates`), added up: during a transition both hold jobs. With
+        the states whose estimate is too rough to skip their capped count: queue storage's
+        ``available`` (entries a retry or a rescue consumed still count in it)."""
         canonical, found = await self.read_many([
             ("SELECT v.state, (v.freq * greatest(c.reltuples, 0))::bigint AS n "
              "FROM pg_stats s CROSS JOIN pg_class c "
@@ -242,10 +244,14 @@ class Ops:
             ("SELECT to_regprocedure('awa.readable_queue_storage_schema()') IS NOT NULL AS f", []),
         ])
         guesses = {r["state"]: int(r["n"]) for r in canonical}
+        rough: set[str] = set()
         if found[0]["f"]:
-            for state, n in (await self._queue_storage_estimates()).items():
+            qs = await self._queue_storage_estimates()
+            for state, n in qs.items():
                 guesses[state] = guesses.get(state, 0) + n
-        return guesses
+            if qs:
+                rough.add("available")
+        return guesses, rough
 
     async def _queue_storage_estimates(self) -> dict[str, int]:
         """The same estimate for the jobs of the queue-storage schema ``awa.jobs`` reads (none
@@ -283,8 +289,8 @@ class Ops:
         COUNT_CAP rows through their partial indexes; one that reaches the cap (stale
         statistics) falls back to the estimate too. So the cost is bounded whatever the size
         of the table: on a million jobs, one read of pg_stats plus a few small index scans."""
-        guesses = await self._estimates()
-        to_count = [s for s in STATES if guesses.get(s, 0) < ESTIMATE_FACTOR * COUNT_CAP]
+        guesses, rough = await self._estimates()
+        to_count = [s for s in STATES if guesses.get(s, 0) < ESTIMATE_FACTOR * COUNT_CAP or s in rough]
         counts = {s: guesses[s] for s in STATES if s not in to_count}
         estimated = [s for s in STATES if s not in to_count]
         if to_count:

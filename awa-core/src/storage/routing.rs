@@ -343,8 +343,9 @@ pub async fn retry(db: &Db, id: i64) -> Result<JobRow> {
 }
 
 async fn retry_anywhere(db: &Db, id: i64) -> Result<JobRow> {
-    let to = route(db).await?;
     let mut tx = db.begin().await?;
+    // Read here, not from the pool's cache: a move another process just made must be seen.
+    let to = read_route(&mut *tx).await?;
     match admin::retry(&mut *tx, id).await {
         Err(AwaError::JobNotFound(_)) => tx.rollback().await?,
         Err(e) => return Err(e),
@@ -453,8 +454,9 @@ async fn retry_failed_anywhere(
     queue: Option<&str>,
     allow_all: bool,
 ) -> Result<admin::RetriedFailed> {
-    let to = route(db).await?;
+    // One transaction for both engines: a conflict anywhere retries nothing.
     let mut tx = db.begin().await?;
+    let to = read_route(&mut *tx).await?;
     let mut out = admin::retry_failed(&mut *tx, kind, queue, allow_all).await?;
     if let Route::QueueStorage(qs) = &to {
         if !out.jobs.is_empty() {
@@ -463,13 +465,12 @@ async fn retry_failed_anywhere(
             out.jobs = qs.jobs_by_id(&mut *tx, &moved).await?;
         }
     }
-    tx.commit().await?;
-    let Some(qs) = readable_queue_storage(db).await? else {
+    let Some(qs) = readable_queue_storage(&mut *tx).await? else {
+        tx.commit().await?;
         return Ok(out);
     };
     // One statement: the failed jobs matched, and the ids of those retried (a job another
     // caller retried or discarded meanwhile is matched but not retried).
-    let mut tx = db.begin().await?;
     let (matched, retried): (i64, Vec<i64>) = sqlx::query_as(&format!(
         "WITH matched AS MATERIALIZED (
              SELECT id FROM {s}.qs_jobs WHERE state = 'failed'

@@ -1034,15 +1034,17 @@ BEGIN
     RETURN nxt;
 END $$;
 
--- Whether a queue slot holds completion receipts finalized within the last p_retention: such
--- a slot is not reclaimed yet. (Failed and cancelled jobs do not hold a slot: the reclaim
--- carries those within their own retention forward.)
+-- Whether a queue slot holds history (receipts, failed or cancelled attempts) finalized within
+-- the last p_retention (completed jobs' retention): such a slot is not reclaimed yet. Failed
+-- and cancelled jobs older than that but within their own, longer retention are carried
+-- forward by the reclaim instead of holding the slot (which would hold every slot after it).
 CREATE FUNCTION {s}.qs_slot_young(p_slot integer, p_retention interval)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     young boolean;
 BEGIN
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM {s}.receipts_%1$s WHERE finalized_at > now() - $1)', p_slot)
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM {s}.receipts_%1$s WHERE finalized_at > now() - $1)'
+                   ' OR EXISTS (SELECT 1 FROM {s}.done_entries_%1$s WHERE finalized_at > now() - $1)', p_slot)
         INTO young USING p_retention;
     RETURN young;
 END $$;
