@@ -1131,40 +1131,23 @@ BEGIN
     GET DIAGNOSTICS n = ROW_COUNT;
     carried := carried + n;
 
-    -- Entries of open leases: appended again as consumed, and the lease moved onto the copy in
-    -- the same statement, so no moment exists where the lease points at nothing.
+    -- Entries of open leases, and failed and cancelled jobs within their retention (canonical
+    -- keeps them that long too; older ones go with the slot, as canonical's pruning deletes
+    -- them): each entry appended again as consumed, and in the same statement the lease moved
+    -- onto the copy (so no moment exists where the lease points at nothing), or the done entry
+    -- written again against it.
     EXECUTE format($f$
-        WITH live AS (
-            SELECT l.id AS lid, l.run_lease AS lrl, nextval('{s}.qs_seq') AS nseq, e.*
+        WITH kept AS (
+            SELECT nextval('{s}.qs_seq') AS nseq, l.id AS lid, l.run_lease AS lrl,
+                   NULL::text AS d_state, NULL::jsonb AS d_errors,
+                   NULL::timestamptz AS d_finalized_at, NULL::boolean AS d_ran,
+                   NULL::jsonb AS d_progress, e.*
             FROM {s}.leases l JOIN {s}.ready_entries_%1$s e
               ON e.queue = l.queue AND e.priority = l.priority AND e.seq = l.seq
             WHERE l.slot = %1$s
-        ), copy AS (
-            INSERT INTO {s}.ready_entries (slot, generation, queue, priority, seq, id, kind, args,
-                attempt, max_attempts, run_lease, run_at, created_at, metadata, tags, errors,
-                unique_key, unique_states, ordering_key, progress)
-            SELECT $1, $2, v.queue, v.priority, v.nseq, v.id, v.kind, v.args, v.attempt,
-                   v.max_attempts, v.run_lease, v.run_at, v.created_at, v.metadata, v.tags,
-                   v.errors, v.unique_key, v.unique_states, v.ordering_key, v.progress
-            FROM live v
-        ), mark AS (
-            INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
-            SELECT $1, v.queue, v.priority, v.nseq FROM live v
-        ), moved AS (
-            UPDATE {s}.leases l SET slot = $1, generation = $2, seq = v.nseq
-            FROM live v WHERE l.id = v.lid AND l.run_lease = v.lrl
-            RETURNING 1
-        )
-        SELECT count(*) FROM moved$f$, old) INTO n USING cur.slot, cur.generation;
-    carried := carried + n;
-
-    -- Failed and cancelled jobs within their retention (canonical keeps them that long too):
-    -- the entry appended again as consumed and the done entry written again against the copy,
-    -- in one statement. Older ones go with the slot, as canonical's pruning deletes them.
-    EXECUTE format($f$
-        WITH kept AS (
-            SELECT nextval('{s}.qs_seq') AS nseq, d.state AS d_state, d.errors AS d_errors,
-                   d.finalized_at AS d_finalized_at, d.ran AS d_ran, d.progress AS d_progress, e.*
+            UNION ALL
+            SELECT nextval('{s}.qs_seq'), NULL, NULL, d.state, d.errors, d.finalized_at, d.ran,
+                   d.progress, e.*
             FROM {s}.done_entries_%1$s d JOIN {s}.ready_entries_%1$s e ON e.seq = d.seq
             WHERE d.finalized_at > now() - $3
         ), copy AS (
@@ -1178,14 +1161,18 @@ BEGIN
         ), mark AS (
             INSERT INTO {s}.claimed_entries (slot, queue, priority, seq)
             SELECT $1, k.queue, k.priority, k.nseq FROM kept k
+        ), moved AS (
+            UPDATE {s}.leases l SET slot = $1, generation = $2, seq = k.nseq
+            FROM kept k WHERE k.lid IS NOT NULL AND l.id = k.lid AND l.run_lease = k.lrl
+            RETURNING 1
         ), done AS (
             INSERT INTO {s}.done_entries (slot, generation, seq, state, errors, finalized_at, ran,
                                           progress)
             SELECT $1, $2, k.nseq, k.d_state, k.d_errors, k.d_finalized_at, k.d_ran, k.d_progress
-            FROM kept k
+            FROM kept k WHERE k.d_state IS NOT NULL
             RETURNING 1
         )
-        SELECT count(*) FROM done$f$, old)
+        SELECT (SELECT count(*) FROM moved) + (SELECT count(*) FROM done)$f$, old)
         INTO n USING cur.slot, cur.generation, coalesce(p_failed_retention, p_retention);
     carried := carried + n;
 
