@@ -314,3 +314,41 @@ async def test_two_clients_complete_every_job_exactly_once(database_url: str) ->
             await c.shutdown()
             await c.close()
     assert len(runs) == 2000 and set(runs.values()) == {1}
+
+
+_ENDS_WITHOUT_SHUTDOWN = """
+import asyncio, logging, sys
+import awa
+logging.basicConfig(level=logging.DEBUG)
+awa._awa.set_log_level(10)
+
+async def main():
+    c = awa.AsyncClient(sys.argv[1])
+
+    @c.task(dict, kind="ends_early")
+    async def h(job):
+        raise awa.TerminalError("x")
+
+    j = await c.insert({}, kind="ends_early", max_attempts=1)
+    await c.start([("default", 1)], poll_interval_ms=50)
+    while (await c.get_job(j.id)).state != "failed":
+        await asyncio.sleep(0.02)
+    raise RuntimeError("the script's own bug")
+
+asyncio.run(main())
+"""
+
+
+def test_a_script_that_ends_without_shutdown_exits_without_a_panic(database_url: str) -> None:
+    """The runtime's tasks log while the interpreter shuts down (their pool is closed under
+    them); the thread forwarding engine events to ``logging`` must then stop, not panic. The
+    panic came in about one run in six before the fix, so the script runs several times."""
+    import subprocess
+    import sys
+
+    for _ in range(4):
+        done = subprocess.run([sys.executable, "-c", _ENDS_WITHOUT_SHUTDOWN, database_url],
+                              capture_output=True, text=True, timeout=120)
+        assert "the script's own bug" in done.stderr, done.stderr[-2000:]
+        assert "panicked" not in done.stderr, done.stderr[-4000:]
+        assert done.returncode == 1, (done.returncode, done.stderr[-2000:])

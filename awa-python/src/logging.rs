@@ -76,7 +76,10 @@ pub fn install(min_level: u8) {
         .name("awa-log".into())
         .spawn(move || {
             while let Ok((level, message)) = rx.recv() {
-                Python::attach(|py| {
+                // Not `attach`: an event sent while the interpreter shuts down (a script that
+                // ended with a runtime still started) would make it panic on this thread.
+                // Once Python is gone there is nowhere to log to, so the thread ends.
+                let attached = Python::try_attach(|py| {
                     let logged = py
                         .import("logging")
                         .and_then(|m| m.call_method1("getLogger", ("awa",)))
@@ -85,6 +88,9 @@ pub fn install(min_level: u8) {
                         e.print(py);
                     }
                 });
+                if attached.is_none() {
+                    break;
+                }
             }
         });
     let _ = tracing_subscriber::registry().with(PyLogLayer).try_init();
