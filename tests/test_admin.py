@@ -390,3 +390,23 @@ async def test_a_cancel_records_no_error_and_keeps_the_last_one(client: awa.Asyn
     await client.cancel(ran.id)
     job = await client.get_job(ran.id)
     assert job.state == "cancelled" and [e["error"] for e in job.errors] == ["broken"]
+
+
+async def test_a_revived_job_takes_its_unique_key_back(client: awa.AsyncClient) -> None:
+    job = await client.insert(Chore(n=7), unique_opts={})
+    await fail_jobs(client, [job.id])
+    await client.move_failed_to_dlq(job.id, "by hand")
+    # Dead-lettered, the key is free: a new job takes it.
+    taker = await client.insert(Chore(n=7), unique_opts={})
+    with pytest.raises(awa.UniqueConflict, match="chore"):
+        await client.retry_from_dlq(job.id)
+    with pytest.raises(awa.UniqueConflict):
+        await client.bulk_retry_from_dlq(kind="chore")
+    assert [d.job.id for d in await client.list_dlq()] == [job.id], "the DLQ row stays"
+    assert (await client.get_job(taker.id)).state == "available"
+    # Once the key is free again, the revive takes it back: the job is unique again.
+    await client.cancel(taker.id)
+    revived = await client.retry_from_dlq(job.id)
+    assert revived is not None and revived.state == "available"
+    with pytest.raises(awa.UniqueConflict):
+        await client.insert(Chore(n=7), unique_opts={})

@@ -76,9 +76,10 @@ pub async fn move_to_dlq(conn: &mut PgConnection, ids: &[i64], reason: &str) -> 
         "WITH moved AS (DELETE FROM awa.canonical_jobs WHERE id = ANY($1) AND state = 'failed' RETURNING *)
          INSERT INTO awa.jobs_dlq (id, kind, queue, args, priority, attempt, max_attempts, created_at,
                                    run_at, finalized_at, errors, metadata, tags, ordering_key,
-                                   progress, reason, original_run_lease)
+                                   progress, reason, original_run_lease, unique_key, unique_states)
          SELECT id, kind, queue, args, priority, attempt, max_attempts, created_at, run_at,
-                finalized_at, errors, metadata, tags, ordering_key, progress, $2, run_lease FROM moved",
+                finalized_at, errors, metadata, tags, ordering_key, progress, $2, run_lease,
+                unique_key, unique_states FROM moved",
     )
     .bind(ids)
     .bind(reason)
@@ -243,7 +244,8 @@ async fn revive_to(
 }
 
 /// The statement that moves DLQ rows selected by `selection` back into `awa.jobs` as fresh
-/// jobs (attempts reset, same id and lease), `scheduled` when the run time is still ahead.
+/// jobs (attempts reset, same id, lease and unique key: the key's index refuses the revive
+/// when another job holds it), `scheduled` when the run time is still ahead.
 /// Parameters `$o`, `$o+1`, `$o+2` are the run_at, priority and queue overrides (NULL keeps
 /// the stored value; run_at defaults to now).
 fn revive_sql(selection: &str, o: usize) -> String {
@@ -251,23 +253,42 @@ fn revive_sql(selection: &str, o: usize) -> String {
     format!(
         "WITH moved AS (DELETE FROM awa.jobs_dlq WHERE {selection} RETURNING *)
          INSERT INTO awa.canonical_jobs (id, kind, queue, args, state, priority, attempt, max_attempts, run_at,
-                               created_at, errors, metadata, tags, ordering_key, progress, run_lease)
+                               created_at, errors, metadata, tags, ordering_key, progress, run_lease,
+                               unique_key, unique_states)
          SELECT id, kind, coalesce(${queue}::text, queue), args,
                 CASE WHEN ${run_at}::timestamptz > now() THEN 'scheduled' ELSE 'available' END,
                 coalesce(${priority}::smallint, priority), 0, max_attempts,
                 coalesce(${run_at}::timestamptz, now()),
-                created_at, errors, metadata, tags, ordering_key, progress, original_run_lease
+                created_at, errors, metadata, tags, ordering_key, progress, original_run_lease,
+                unique_key, unique_states
          FROM moved"
     )
 }
 
-/// Put one dead-lettered job back as a fresh job (attempts reset, same id), with the
-/// overrides applied; `None` when the id is not in the DLQ.
+/// Put one dead-lettered job back as a fresh job (attempts reset, same id and unique key), with
+/// the overrides applied; `None` when the id is not in the DLQ. A key another job took while
+/// it was dead-lettered refuses the revive ([`AwaError::UniqueConflict`]; the row stays).
 pub async fn retry_from_dlq(
     pool: &Db,
     id: i64,
     overrides: &RetryOverrides,
 ) -> Result<Option<JobRow>> {
+    match revive_one(pool, id, overrides).await {
+        Err(AwaError::Database(e)) if crate::error::is_unique_conflict(&e) => {
+            let kind: Option<String> =
+                sqlx::query_scalar("SELECT kind FROM awa.jobs_dlq WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(pool)
+                    .await?;
+            Err(AwaError::UniqueConflict {
+                kind: kind.unwrap_or_default(),
+            })
+        }
+        other => other,
+    }
+}
+
+async fn revive_one(pool: &Db, id: i64, overrides: &RetryOverrides) -> Result<Option<JobRow>> {
     overrides.check()?;
     if let Some(qs) = revive_to(pool).await? {
         // Read before the commit, as canonical's RETURNING: after it a worker may claim it.
@@ -301,8 +322,20 @@ pub async fn retry_from_dlq(
 }
 
 /// Revive every dead-lettered job of a kind, queue and/or tag (all of them only with
-/// `allow_all`); returns how many.
+/// `allow_all`); returns how many. A unique key another job holds refuses the whole call
+/// ([`AwaError::UniqueConflict`]; nothing is revived).
 pub async fn bulk_retry_from_dlq(db: &Db, filter: &DlqFilter, allow_all: bool) -> Result<u64> {
+    match revive_many(db, filter, allow_all).await {
+        Err(AwaError::Database(e)) if crate::error::is_unique_conflict(&e) => {
+            Err(AwaError::UniqueConflict {
+                kind: filter.kind.clone().unwrap_or_default(),
+            })
+        }
+        other => other,
+    }
+}
+
+async fn revive_many(db: &Db, filter: &DlqFilter, allow_all: bool) -> Result<u64> {
     if filter.is_unscoped() && !allow_all {
         return Err(unscoped("bulk_retry_from_dlq", "kind, queue, or tag"));
     }
@@ -379,9 +412,10 @@ pub async fn bulk_move_failed_to_dlq(
                         RETURNING *)
          INSERT INTO awa.jobs_dlq (id, kind, queue, args, priority, attempt, max_attempts, created_at,
                                    run_at, finalized_at, errors, metadata, tags, ordering_key,
-                                   progress, reason, original_run_lease)
+                                   progress, reason, original_run_lease, unique_key, unique_states)
          SELECT id, kind, queue, args, priority, attempt, max_attempts, created_at, run_at,
-                finalized_at, errors, metadata, tags, ordering_key, progress, $3, run_lease FROM moved",
+                finalized_at, errors, metadata, tags, ordering_key, progress, $3, run_lease,
+                unique_key, unique_states FROM moved",
     )
     .bind(kind)
     .bind(queue)

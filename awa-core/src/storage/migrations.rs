@@ -60,6 +60,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         include_str!("../../migrations/0012_storage_transition.sql"),
     ),
     (13, include_str!("../../migrations/0013_jobs_view.sql")),
+    (
+        14,
+        include_str!("../../migrations/0014_dlq_unique_keys.sql"),
+    ),
 ];
 
 /// The first version with `awa.pending_steps`.

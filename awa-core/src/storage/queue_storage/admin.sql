@@ -179,17 +179,20 @@ RETURNS SETOF bigint LANGUAGE sql AS $$
                    SELECT 1 FROM awa.queue_meta m WHERE m.queue = y.queue AND m.dlq_enabled))
         RETURNING y.id, y.kind, y.queue, y.args, y.priority, y.attempt + z.ran::int AS attempt,
                   y.max_attempts, y.created_at, y.run_at, z.finalized_at, z.errors, y.metadata,
-                  y.tags, y.ordering_key, y.run_lease + z.ran::int AS run_lease, z.progress
+                  y.tags, y.ordering_key, y.run_lease + z.ran::int AS run_lease, z.progress,
+                  y.unique_key, y.unique_states
     ), keys AS (
         DELETE FROM {s}.unique_keys u USING gone g WHERE u.id = g.id
     ), moved AS (
         INSERT INTO awa.jobs_dlq (id, kind, queue, args, priority, attempt, max_attempts,
                                   created_at, run_at, finalized_at, errors, metadata, tags,
-                                  ordering_key, progress, reason, original_run_lease)
+                                  ordering_key, progress, reason, original_run_lease, unique_key,
+                                  unique_states)
         SELECT g.id, g.kind, g.queue, g.args, g.priority, g.attempt, g.max_attempts,
                g.created_at, g.run_at, g.finalized_at, g.errors, g.metadata, g.tags,
                g.ordering_key, g.progress,
-               coalesce(p_reason, g.errors -> -1 ->> 'error', 'failed'), g.run_lease
+               coalesce(p_reason, g.errors -> -1 ->> 'error', 'failed'), g.run_lease,
+               g.unique_key, g.unique_states
         FROM gone g
         RETURNING id
     )
@@ -197,7 +200,8 @@ RETURNS SETOF bigint LANGUAGE sql AS $$
 $$;
 
 -- Put dead-lettered jobs back as fresh jobs on this engine (awa's revive: attempts reset,
--- same id and run lease, the unique key not restored), with the overrides given (NULL keeps
+-- same id, run lease and unique key: the key is taken again, refused as an insert's is when
+-- another job holds it; rows dead-lettered before migration 14 have none), with the overrides given (NULL keeps
 -- the stored queue and priority; the run time defaults to now, and a later one schedules
 -- the job). Returns the ids revived.
 CREATE OR REPLACE FUNCTION {s}.qs_revive(p_ids bigint[], p_run_at timestamptz,
@@ -208,6 +212,8 @@ DECLARE
     cur record;
     revived bigint[];
     queues text[];
+    keyed jsonb;
+    k jsonb;
 BEGIN
     SELECT * INTO cur FROM {s}.qs_current_slot();
     WITH moved AS (
@@ -223,7 +229,8 @@ BEGIN
             unique_key, unique_states, ordering_key, progress)
         SELECT cur.slot, cur.generation, x.to_queue, x.to_priority, nextval('{s}.qs_seq'), x.id,
                x.kind, x.args, 0, x.max_attempts, x.original_run_lease, x.to_run_at,
-               x.created_at, x.metadata, x.tags, x.errors, NULL, NULL, x.ordering_key, x.progress
+               x.created_at, x.metadata, x.tags, x.errors, x.unique_key, x.unique_states,
+               x.ordering_key, x.progress
         FROM (SELECT * FROM x WHERE x.to_run_at <= now() ORDER BY x.id) x
         RETURNING queue
     ), later AS (
@@ -232,12 +239,23 @@ BEGIN
             unique_states, ordering_key, progress)
         SELECT x.id, 'scheduled', x.to_queue, x.to_priority, x.kind, x.args, 0, x.max_attempts,
                x.original_run_lease, x.to_run_at, x.created_at, x.metadata, x.tags, x.errors,
-               NULL, NULL, x.ordering_key, x.progress
+               x.unique_key, x.unique_states, x.ordering_key, x.progress
         FROM x WHERE x.to_run_at > now()
     )
     SELECT coalesce((SELECT array_agg(x.id ORDER BY x.id) FROM x), '{}'),
-           coalesce((SELECT array_agg(DISTINCT r.queue) FROM ready r), '{}')
-    INTO revived, queues;
+           coalesce((SELECT array_agg(DISTINCT r.queue) FROM ready r), '{}'),
+           (SELECT jsonb_agg(jsonb_build_object(
+                       'id', x.id, 'key', encode(x.unique_key, 'hex'), 'mask', x.unique_states,
+                       'state', CASE WHEN x.to_run_at > now() THEN 'scheduled' ELSE 'available' END)
+                   ORDER BY x.id)
+            FROM x WHERE x.unique_key IS NOT NULL)
+    INTO revived, queues, keyed;
+    -- The revived jobs take their keys back (in id order, as inserts take theirs).
+    FOR k IN SELECT * FROM jsonb_array_elements(coalesce(keyed, '[]'))
+    LOOP
+        PERFORM {s}.qs_take_key(decode(k ->> 'key', 'hex'), (k ->> 'id')::bigint,
+                                (k ->> 'mask')::smallint, k ->> 'state');
+    END LOOP;
     PERFORM pg_notify(awa.queue_channel(q), '') FROM unnest(queues) AS q;
     RETURN QUERY SELECT unnest(revived);
 END $$;
