@@ -261,8 +261,8 @@ class Ops:
         last value), failed and cancelled ones are ``done_entries`` by their ``state``'s
         frequencies, scheduled and retryable ones ``deferred_jobs`` the same way, running and
         waiting ones the leases by ``waiting``, and available ones the ready entries left over
-        when those consumed by a completion, a failure, a cancel or a lease are taken away (an entry a retry or a rescue consumed counts as
-        available here: an estimate on the high side, bounded by the retries still kept)."""
+        when those consumed by a completion, a failure, a cancel or a lease are taken away (an
+        entry a retry or a rescue consumed still counts as available: it errs high)."""
         per_table: dict[str, dict[str, float]] = {}
         for r in await self.read(_QS_ESTIMATES_SQL):
             per_table.setdefault(r["tbl"], {})[r["state"]] = float(r["n"])

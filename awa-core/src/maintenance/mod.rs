@@ -147,16 +147,11 @@ async fn queue_storage_duties(
         .min(config.deadline_rescue_interval)
         .min(config.callback_rescue_interval);
     if due(1, rescue_every) {
-        match qs
+        if let Err(e) = qs
             .rescue_with_specs(pool, config.heartbeat_staleness, specs)
             .await
         {
-            Ok(ids) if !ids.is_empty() => {
-                crate::metrics::add(&crate::metrics::JOBS_RESCUED, ids.len() as u64);
-                tracing::warn!(count = ids.len(), "rescued stuck jobs");
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "rescue failed"),
+            tracing::warn!(error = %e, "rescue failed");
         }
     }
     if due(5, config.queue_rotate_interval) {

@@ -1077,10 +1077,13 @@ impl QueueStorage {
         // in the same transaction (as canonical's rescue), with the rescue's reason.
         self.move_to_dlq(&mut *tx, &ids, None, true).await?;
         tx.commit().await?;
+        // Counted and logged here, as canonical's rescue counts and logs its own.
         crate::metrics::series::record_each(
             rescued.iter().map(|(_, k, q)| (k.as_str(), q.as_str())),
             crate::metrics::series::JobEvent::Rescued,
         );
+        crate::metrics::add(&crate::metrics::JOBS_RESCUED, ids.len() as u64);
+        tracing::warn!(count = ids.len(), "rescued stuck jobs");
         Ok(ids)
     }
 
